@@ -1,0 +1,93 @@
+"""``kind: mock`` — a built-in provider that answers offline, deterministically, in the exact canonical
+shape (with real citations of the documents it is given). Its responses say ``mock:`` in the model
+name and carry ``x-gateway-mock: true``, so they are never mistaken for a real model's."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+
+import msgspec
+
+from gateway.errors import InvalidRequest
+from gateway.events import WireEvent, decode_view
+from gateway.request import ProxyRequest
+from gateway.settings import MockProvider
+
+from ._mock_answer import estimate_input_tokens, mock_events, mock_message
+from .base import JsonReply
+
+__all__ = ["MockAdapter"]
+
+_encode = msgspec.json.Encoder().encode
+_MOCK_HEADERS = {"x-gateway-mock": "true"}
+
+
+class _MockStream:
+    __slots__ = ("_config", "_events", "headers")
+
+    def __init__(self, events: list[WireEvent], config: MockProvider, request_id: str) -> None:
+        self._events = events
+        self._config = config
+        self.headers = {**_MOCK_HEADERS, "request-id": request_id}
+
+    async def batches(self) -> AsyncGenerator[list[WireEvent]]:
+        config = self._config
+        if config.first_event_delay_ms:
+            await asyncio.sleep(config.first_event_delay_ms / 1000)
+        if not config.event_delay_ms:
+            yield self._events
+            return
+        delay = config.event_delay_ms / 1000
+        for i, event in enumerate(self._events):
+            if i:
+                await asyncio.sleep(delay)
+            yield [event]
+
+    async def aclose(self) -> None:
+        return None
+
+
+class MockAdapter:
+    kind = "mock"
+
+    def __init__(self, name: str, config: MockProvider) -> None:
+        self.name = name
+        self._config = config
+
+    def _body(self, request: ProxyRequest, model: str) -> dict[str, object]:
+        try:
+            body = request.json()
+        except msgspec.DecodeError as exc:  # parse_messages accepted it, so this is not expected
+            raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
+        body["model"] = model
+        return body
+
+    @staticmethod
+    def _message_id(request: ProxyRequest) -> str:
+        return "msg_mock_" + request.request_id.rsplit("_", 1)[-1]
+
+    async def open_stream(self, request: ProxyRequest, model: str) -> _MockStream:
+        events = mock_events(
+            self._body(request, model), deltas=self._config.deltas, message_id=self._message_id(request)
+        )
+        wire = []
+        for event in events:
+            data = _encode(event)
+            wire.append(WireEvent(event["type"], data, decode_view(data)))
+        return _MockStream(wire, self._config, request.request_id)
+
+    async def complete(self, request: ProxyRequest, model: str) -> JsonReply:
+        if self._config.first_event_delay_ms:
+            await asyncio.sleep(self._config.first_event_delay_ms / 1000)
+        message = mock_message(
+            self._body(request, model), deltas=self._config.deltas, message_id=self._message_id(request)
+        )
+        return JsonReply(200, _encode(message), {**_MOCK_HEADERS, "request-id": request.request_id})
+
+    async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
+        tokens = estimate_input_tokens(self._body(request, model))
+        return JsonReply(200, _encode({"input_tokens": tokens}), {**_MOCK_HEADERS, "request-id": request.request_id})
+
+    async def aclose(self) -> None:
+        return None

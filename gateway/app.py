@@ -1,0 +1,63 @@
+"""``create_app(settings)``: the Litestar app, whose lifespan owns the upstream client and adapters."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from litestar import Litestar
+
+from adapters import Adapter, build_adapter
+from gateway.api import HANDLERS, exception_handlers
+from gateway.metrics import Metrics
+from gateway.routing import RouteTable
+from gateway.settings import Settings
+from gateway.upstream import HttpClient, make_client
+
+__all__ = ["Gateway", "create_app"]
+
+log = logging.getLogger("gateway")
+
+
+class Gateway:
+    """Everything a request needs, built once per process from the settings."""
+
+    def __init__(self, settings: Settings, client: HttpClient, metrics: Metrics) -> None:
+        self.settings = settings
+        self.client = client
+        self.metrics = metrics
+        self.keys = [key.encode() for key in settings.auth.keys if key]
+        self.adapters: dict[str, Adapter] = {
+            name: build_adapter(name, config, client) for name, config in settings.providers.items()
+        }
+        self.routes = RouteTable(settings.models, self.adapters)
+
+    async def aclose(self) -> None:
+        for adapter in self.adapters.values():
+            await adapter.aclose()
+        await self.client.aclose()
+
+
+def create_app(settings: Settings, *, metrics: Metrics | None = None, upstream_client: str = "aiohttp") -> Litestar:
+    metrics = metrics or Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        gateway = Gateway(settings, make_client(upstream_client), metrics)
+        if not gateway.keys:
+            log.warning("auth.keys is empty: the gateway accepts requests without a key")
+        app.state.gateway = gateway
+        try:
+            yield
+        finally:
+            await gateway.aclose()
+
+    return Litestar(
+        route_handlers=HANDLERS,
+        lifespan=[lifespan],
+        exception_handlers=exception_handlers,
+        request_max_body_size=None,
+        logging_config=None,
+        openapi_config=None,
+    )

@@ -1,0 +1,90 @@
+"""``messages-gateway``: ``serve`` the gateway, or ``check-config`` a YAML file."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from litestar import Litestar
+
+from gateway.settings import ConfigError, default_config_path, load_settings
+
+__all__ = ["app_from_env", "main"]
+
+_CONFIG_ENV = "MESSAGES_GATEWAY_CONFIG"
+
+
+def app_from_env() -> Litestar:
+    """The uvicorn factory: every worker process builds its own app from the same config file."""
+    from gateway.app import create_app
+
+    return create_app(
+        load_settings(os.environ.get(_CONFIG_ENV) or default_config_path()),
+        upstream_client=os.environ.get("MESSAGES_GATEWAY_UPSTREAM_CLIENT", "aiohttp"),
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    path = args.config or default_config_path()
+    try:
+        settings = load_settings(path)
+    except ConfigError as exc:
+        print(f"messages-gateway: {exc}", file=sys.stderr)
+        return 2
+    os.environ[_CONFIG_ENV] = str(path)
+    host = args.host or settings.server.host
+    port = settings.server.port if args.port is None else args.port
+    workers = args.workers or settings.server.workers
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("gateway").info(
+        "serving %s on http://%s:%d (%d worker%s)", path, host, port, workers, "" if workers == 1 else "s"
+    )
+    uvicorn.run(
+        "gateway.cli:app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+    )
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(args.path)
+    except ConfigError as exc:
+        print(f"messages-gateway: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.path}: OK — {len(settings.providers)} providers, {len(settings.models)} model routes")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="messages-gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help="YAML config (default: config/gateway.yaml)")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--workers", type=int)
+    serve.set_defaults(func=_serve)
+    check = sub.add_parser("check-config", help="validate a YAML config and exit")
+    check.add_argument("path")
+    check.set_defaults(func=_check)
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,148 @@
+"""Gateway errors: each class declares its wire meaning; all render as the Anthropic error envelope."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+
+import msgspec
+
+from gateway.events import ErrorDetail, ErrorEvent, WireEvent, wire_event
+
+__all__ = [
+    "AuthenticationError",
+    "GatewayError",
+    "InvalidRequest",
+    "NotFound",
+    "PermissionDenied",
+    "RequestTooLarge",
+    "UpstreamConnectionError",
+    "UpstreamStatusError",
+    "UpstreamTimeout",
+    "envelope",
+    "error_event",
+    "error_type_for_status",
+    "new_request_id",
+]
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    409: "conflict_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def error_type_for_status(status: int) -> str:
+    if status in _ERROR_TYPES:
+        return _ERROR_TYPES[status]
+    return "invalid_request_error" if 400 <= status < 500 else "api_error"
+
+
+def new_request_id() -> str:
+    return "req_gw_" + secrets.token_hex(12)
+
+
+class _Envelope(msgspec.Struct, kw_only=True):
+    type: str = "error"
+    error: ErrorDetail
+    request_id: str | None = None
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def envelope(error_type: str, message: str, request_id: str | None = None) -> bytes:
+    """``{"type":"error","error":{"type":…,"message":…},"request_id":…}``"""
+    return _encode(_Envelope(error=ErrorDetail(type=error_type, message=message), request_id=request_id))
+
+
+def error_event(error_type: str, message: str) -> WireEvent:
+    """The terminal ``error`` event of a stream that failed after it started."""
+    return wire_event(ErrorEvent(error=ErrorDetail(type=error_type, message=message)))
+
+
+class GatewayError(Exception):
+    """An error answered before the response started: real HTTP status plus the envelope."""
+
+    status_code = 500
+    error_type = "api_error"
+    retryable = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers: dict[str, str] = dict(headers or {})
+        self.body = body  # an upstream's own Anthropic envelope, forwarded as it came
+
+    def render(self, request_id: str) -> bytes:
+        return self.body if self.body is not None else envelope(self.error_type, self.message, request_id)
+
+
+class InvalidRequest(GatewayError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class AuthenticationError(GatewayError):
+    status_code = 401
+    error_type = "authentication_error"
+
+
+class PermissionDenied(GatewayError):
+    status_code = 403
+    error_type = "permission_error"
+
+
+class NotFound(GatewayError):
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class RequestTooLarge(GatewayError):
+    status_code = 413
+    error_type = "request_too_large"
+
+
+class UpstreamConnectionError(GatewayError):
+    status_code = 502
+    error_type = "api_error"
+    retryable = True
+
+
+class UpstreamTimeout(GatewayError):
+    status_code = 504
+    error_type = "timeout_error"
+    retryable = True
+
+
+class UpstreamStatusError(GatewayError):
+    """A non-2xx answer from a provider, carried to the client with the same status and type."""
+
+    def __init__(
+        self,
+        status: int,
+        error_type: str,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+    ) -> None:
+        super().__init__(message, headers=headers, body=body)
+        self.status_code = status
+        self.error_type = error_type
+        self.retryable = status in (408, 429, 500, 502, 503, 504, 529)

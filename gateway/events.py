@@ -1,0 +1,337 @@
+"""Canonical events of the Messages stream.
+
+Two representations live here, for two jobs:
+
+* Typed, frozen Structs for every event, block, delta and citation type, tagged by ``type`` as on the
+  wire. The gateway builds these only where it *makes* an event (an ``error`` it synthesises, the mock
+  provider, a translated provider stream); encoding one yields the client's ``data:`` payload.
+* ``EventView`` — the small partial decode of a forwarded event (its ``type``, ``index``, block and
+  delta kinds, usage). ``WireEvent`` pairs that view with the exact ``data`` bytes that arrived, so an
+  event that passes through unchanged is written to the client as those bytes, never re-serialised.
+
+Unknown event, block and delta types are carried intact: the view decodes any ``type`` string, and the
+raw bytes go through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "AnyEvent",
+    "Block",
+    "CharLocation",
+    "Citation",
+    "CitationsDelta",
+    "ContentBlockDelta",
+    "ContentBlockLocation",
+    "ContentBlockStart",
+    "ContentBlockStop",
+    "Delta",
+    "ErrorDetail",
+    "ErrorEvent",
+    "Event",
+    "EventView",
+    "InputJsonDelta",
+    "MessageDelta",
+    "MessageDeltaBody",
+    "MessageStart",
+    "MessageStop",
+    "PageLocation",
+    "Ping",
+    "RedactedThinkingBlock",
+    "SearchResultLocation",
+    "ServerToolUseBlock",
+    "SignatureDelta",
+    "StartMessage",
+    "TextBlock",
+    "TextDelta",
+    "ThinkingBlock",
+    "ThinkingDelta",
+    "ToolUseBlock",
+    "Usage",
+    "UsageView",
+    "WebSearchResultLocation",
+    "WireEvent",
+    "decode_view",
+    "encode_event",
+    "wire_event",
+]
+
+
+class _Wire(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of every typed wire object: frozen, keyword-only, tolerant of unknown fields."""
+
+
+# --- usage -------------------------------------------------------------------------------------------
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """Token counts of one request; ``None`` means the provider did not report the field (not zero)."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+
+
+# --- citations -----------------------------------------------------------------------------------------
+
+
+class Citation(_Wire, tag_field="type", kw_only=True, frozen=True):
+    cited_text: str
+
+
+class CharLocation(Citation, tag="char_location", kw_only=True, frozen=True):
+    document_index: int
+    document_title: str | None = None
+    start_char_index: int
+    end_char_index: int
+    file_id: str | None = None
+
+
+class PageLocation(Citation, tag="page_location", kw_only=True, frozen=True):
+    document_index: int
+    document_title: str | None = None
+    start_page_number: int
+    end_page_number: int
+    file_id: str | None = None
+
+
+class ContentBlockLocation(Citation, tag="content_block_location", kw_only=True, frozen=True):
+    document_index: int
+    document_title: str | None = None
+    start_block_index: int
+    end_block_index: int
+    file_id: str | None = None
+
+
+class SearchResultLocation(Citation, tag="search_result_location", kw_only=True, frozen=True):
+    search_result_index: int
+    source: str
+    title: str | None = None
+    start_block_index: int
+    end_block_index: int
+
+
+class WebSearchResultLocation(Citation, tag="web_search_result_location", kw_only=True, frozen=True):
+    url: str
+    title: str | None = None
+    encrypted_index: str
+
+
+AnyCitation = CharLocation | PageLocation | ContentBlockLocation | SearchResultLocation | WebSearchResultLocation
+
+
+# --- content blocks (as they appear in content_block_start) -------------------------------------------
+
+
+class Block(_Wire, tag_field="type", kw_only=True, frozen=True):
+    pass
+
+
+class TextBlock(Block, tag="text", kw_only=True, frozen=True):
+    text: str = ""
+
+
+class ThinkingBlock(Block, tag="thinking", kw_only=True, frozen=True):
+    thinking: str = ""
+    signature: str = ""
+
+
+class RedactedThinkingBlock(Block, tag="redacted_thinking", kw_only=True, frozen=True):
+    data: str
+
+
+class ToolUseBlock(Block, tag="tool_use", kw_only=True, frozen=True):
+    id: str
+    name: str
+    input: dict[str, Any] = {}
+
+
+class ServerToolUseBlock(Block, tag="server_tool_use", kw_only=True, frozen=True):
+    id: str
+    name: str
+    input: dict[str, Any] = {}
+
+
+AnyBlock = TextBlock | ThinkingBlock | RedactedThinkingBlock | ToolUseBlock | ServerToolUseBlock
+
+
+# --- deltas ----------------------------------------------------------------------------------------------
+
+
+class Delta(_Wire, tag_field="type", kw_only=True, frozen=True):
+    pass
+
+
+class TextDelta(Delta, tag="text_delta", kw_only=True, frozen=True):
+    text: str
+
+
+class InputJsonDelta(Delta, tag="input_json_delta", kw_only=True, frozen=True):
+    partial_json: str
+
+
+class ThinkingDelta(Delta, tag="thinking_delta", kw_only=True, frozen=True):
+    thinking: str
+
+
+class SignatureDelta(Delta, tag="signature_delta", kw_only=True, frozen=True):
+    signature: str
+
+
+class CitationsDelta(Delta, tag="citations_delta", kw_only=True, frozen=True):
+    citation: AnyCitation
+
+
+AnyDelta = TextDelta | InputJsonDelta | ThinkingDelta | SignatureDelta | CitationsDelta
+
+
+# --- events ------------------------------------------------------------------------------------------------
+
+
+class Event(_Wire, tag_field="type", kw_only=True, frozen=True):
+    pass
+
+
+class StartMessage(_Wire, kw_only=True, frozen=True):
+    """The ``message`` of ``message_start``: a Message with no content yet."""
+
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[Any] = []
+    stop_reason: str | None = None
+    stop_sequence: str | None = None
+    usage: Usage = Usage(input_tokens=0, output_tokens=0)
+
+
+class MessageStart(Event, tag="message_start", kw_only=True, frozen=True):
+    message: StartMessage
+
+
+class ContentBlockStart(Event, tag="content_block_start", kw_only=True, frozen=True):
+    index: int
+    content_block: AnyBlock
+
+
+class ContentBlockDelta(Event, tag="content_block_delta", kw_only=True, frozen=True):
+    index: int
+    delta: AnyDelta
+
+
+class ContentBlockStop(Event, tag="content_block_stop", kw_only=True, frozen=True):
+    index: int
+
+
+class MessageDeltaBody(_Wire, kw_only=True, frozen=True):
+    stop_reason: str | None = None
+    stop_sequence: str | None = None
+
+
+class MessageDelta(Event, tag="message_delta", kw_only=True, frozen=True):
+    delta: MessageDeltaBody
+    usage: Usage
+
+
+class MessageStop(Event, tag="message_stop", kw_only=True, frozen=True):
+    pass
+
+
+class Ping(Event, tag="ping", kw_only=True, frozen=True):
+    pass
+
+
+class ErrorDetail(_Wire, kw_only=True, frozen=True):
+    type: str
+    message: str
+
+
+class ErrorEvent(Event, tag="error", kw_only=True, frozen=True):
+    error: ErrorDetail
+
+
+AnyEvent = (
+    MessageStart
+    | ContentBlockStart
+    | ContentBlockDelta
+    | ContentBlockStop
+    | MessageDelta
+    | MessageStop
+    | Ping
+    | ErrorEvent
+)
+
+
+# --- the partial view decoded from every forwarded event ------------------------------------------------
+
+
+class UsageView(msgspec.Struct):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+
+
+class _Kind(msgspec.Struct):
+    type: str = ""
+
+
+class _MessageView(msgspec.Struct):
+    usage: UsageView | None = None
+
+
+class _ErrorView(msgspec.Struct):
+    type: str = "api_error"
+    message: str = ""
+
+
+class EventView(msgspec.Struct):
+    """Just what validation and usage need of one event; every other field is skipped, not decoded."""
+
+    type: str = ""
+    index: int | None = None
+    content_block: _Kind | None = None
+    delta: _Kind | None = None
+    message: _MessageView | None = None
+    usage: UsageView | None = None
+    error: _ErrorView | None = None
+
+
+_decode_view = msgspec.json.Decoder(EventView).decode
+_encode = msgspec.json.Encoder().encode
+
+
+def decode_view(data: bytes) -> EventView:
+    """Partially decode one event's JSON; raises ``msgspec.DecodeError`` on malformed JSON."""
+    return _decode_view(data)
+
+
+class WireEvent:
+    """One event as it travels: its type, the exact JSON bytes, and the partial view of them."""
+
+    __slots__ = ("data", "type", "view")
+
+    def __init__(self, type: str, data: bytes, view: EventView) -> None:
+        self.type = type
+        self.data = data
+        self.view = view
+
+    def __repr__(self) -> str:
+        return f"WireEvent({self.type!r}, {self.data!r})"
+
+
+def encode_event(event: Event) -> bytes:
+    """Encode a typed event as its ``data:`` JSON payload."""
+    return _encode(event)
+
+
+def wire_event(event: Event) -> WireEvent:
+    """A typed event the gateway made, in the form the pipeline forwards."""
+    data = _encode(event)
+    view = _decode_view(data)
+    return WireEvent(view.type, data, view)

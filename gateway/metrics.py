@@ -1,0 +1,83 @@
+"""Prometheus metrics, one registry per app (so tests and several apps in a process stay apart)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from gateway.events import Usage
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests", "Requests by outcome.", ["alias", "provider", "model", "outcome"], registry=r
+        )
+        self.tokens = Counter(
+            "gateway_tokens",
+            "Tokens by type (usage folded from the stream).",
+            ["alias", "provider", "model", "type"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Whole request duration.",
+            ["alias", "provider"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Time to the first content delta.",
+            ["alias", "provider"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inflight = Gauge("gateway_inflight_requests", "Requests being served.", registry=r)
+        self.violations = Counter(
+            "gateway_stream_violations", "Upstream streams that broke the protocol.", ["provider", "rule"], registry=r
+        )
+        self.upstream_errors = Counter(
+            "gateway_upstream_errors", "Errors from providers.", ["provider", "error_type"], registry=r
+        )
+        self.unknown_events = Counter(
+            "gateway_unknown_events",
+            "Events of types this gateway does not know, passed through.",
+            ["provider", "type"],
+            registry=r,
+        )
+
+    def record_request(
+        self,
+        *,
+        alias: str,
+        provider: str,
+        model: str,
+        outcome: str,
+        usage: Usage,
+        duration: float,
+        time_to_first_token: float | None,
+    ) -> None:
+        self.requests.labels(alias, provider, model, outcome).inc()
+        for kind, value in (
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+            ("cache_read", usage.cache_read_input_tokens),
+            ("cache_creation", usage.cache_creation_input_tokens),
+        ):
+            if value:
+                self.tokens.labels(alias, provider, model, kind).inc(value)
+        if provider:
+            self.duration.labels(alias, provider).observe(duration)
+            if time_to_first_token is not None:
+                self.ttft.labels(alias, provider).observe(time_to_first_token)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,221 @@
+"""Configuration: strict YAML, ``${VAR}`` / ``${VAR:-default}`` interpolation, errors with line numbers.
+
+The YAML is composed into nodes (so every value keeps its line), interpolated from the environment,
+then converted into strict msgspec Structs: an unknown key, a wrong type or a missing field is an
+error that names the key and its line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import yaml
+
+__all__ = [
+    "AnthropicProvider",
+    "AuthSettings",
+    "ConfigError",
+    "MockProvider",
+    "ModelRoute",
+    "ProviderConfig",
+    "ServerSettings",
+    "Settings",
+    "TargetConfig",
+    "default_config_path",
+    "load_settings",
+    "parse_settings",
+]
+
+
+class ConfigError(Exception):
+    """An invalid configuration; the message names the file, the key and the line."""
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    pass
+
+
+PositiveFloat = Annotated[float, msgspec.Meta(gt=0)]
+NonNegativeFloat = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class ServerSettings(_Strict, frozen=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
+    max_request_bytes: Annotated[int, msgspec.Meta(gt=0)] = 32 * 1024 * 1024
+    workers: Annotated[int, msgspec.Meta(ge=1)] = 1
+
+
+class AuthSettings(_Strict, frozen=True, kw_only=True):
+    keys: list[str] = []  # accepted as x-api-key or Authorization: Bearer; empty = open
+
+
+class _Provider(_Strict, tag_field="kind", frozen=True, kw_only=True):
+    connect_timeout_s: PositiveFloat = 10.0
+    read_timeout_s: PositiveFloat = 600.0
+
+
+class AnthropicProvider(_Provider, tag="anthropic", frozen=True, kw_only=True):
+    api_key: str | None = None
+    base_url: str = "https://api.anthropic.com"
+    forward_client_key: bool = False
+
+
+class MockProvider(_Provider, tag="mock", frozen=True, kw_only=True):
+    deltas: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 12
+    event_delay_ms: NonNegativeFloat = 0.0
+    first_event_delay_ms: NonNegativeFloat = 0.0
+
+
+ProviderConfig = AnthropicProvider | MockProvider
+
+
+class TargetConfig(_Strict, frozen=True, kw_only=True):
+    provider: str
+    model: str | None = None  # None: forward the client's model name unchanged
+
+
+class ModelRoute(_Strict, frozen=True, kw_only=True):
+    targets: Annotated[list[TargetConfig], msgspec.Meta(min_length=1)]
+    display_name: str | None = None
+
+
+class Settings(_Strict, frozen=True, kw_only=True):
+    server: ServerSettings = ServerSettings()
+    auth: AuthSettings = AuthSettings()
+    providers: dict[str, ProviderConfig] = {}
+    models: dict[str, ModelRoute] = {}
+
+
+def default_config_path() -> Path:
+    """``config/gateway.yaml`` in the working directory, else the one beside this source tree."""
+    here = Path("config/gateway.yaml")
+    if here.exists():
+        return here
+    return Path(__file__).resolve().parent.parent / "config" / "gateway.yaml"
+
+
+def load_settings(path: str | Path, environ: Mapping[str, str] | None = None) -> Settings:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    return parse_settings(text, source=str(path), environ=environ)
+
+
+def parse_settings(text: str, *, source: str = "<config>", environ: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if environ is None else environ
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: invalid YAML: {exc}") from exc
+    lines: dict[str, int] = {}
+    data = {} if node is None else _to_python(node, "$", lines, env, source)
+    # msgspec reports dict values as `[...]`; check keyed sections one entry at a time to name the key.
+    for section, kind in (("providers", ProviderConfig), ("models", ModelRoute)):
+        entries = data.get(section) if isinstance(data, dict) else None
+        for name, value in entries.items() if isinstance(entries, dict) else ():
+            try:
+                msgspec.convert(value, kind)
+            except msgspec.ValidationError as exc:
+                message = str(exc).replace("at `$", f"at `$.{section}.{name}")
+                if "at `$" not in message:
+                    message += f" - at `$.{section}.{name}`"
+                raise ConfigError(_locate(message, lines, source)) from exc
+    try:
+        settings = msgspec.convert(data, Settings)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_locate(str(exc), lines, source)) from exc
+    _check_references(settings, lines, source)
+    return settings
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\$")
+
+
+def _interpolate(value: str, env: Mapping[str, str], where: str) -> str:
+    def sub(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, default = match.group(1), match.group(2)
+        if name in env and (env[name] or default is None):
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{where}: environment variable {name} is not set (use ${{{name}:-default}} for a default)")
+
+    return _VAR.sub(sub, value)
+
+
+def _to_python(node: yaml.Node, path: str, lines: dict[str, int], env: Mapping[str, str], source: str) -> Any:
+    lines[path] = node.start_mark.line + 1
+    where = f"{source}:{node.start_mark.line + 1}"
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            if key in out:
+                raise ConfigError(f"{source}:{key_node.start_mark.line + 1}: duplicate key {key!r}")
+            child = f"{path}.{key}"
+            lines[child + "#key"] = key_node.start_mark.line + 1
+            out[key] = _to_python(value_node, child, lines, env, source)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_to_python(item, f"{path}[{i}]", lines, env, source) for i, item in enumerate(node.value)]
+    assert isinstance(node, yaml.ScalarNode)
+    if node.tag == "tag:yaml.org,2002:str":
+        return _interpolate(node.value, env, where) if "$" in node.value else node.value
+    return _construct_scalar(node, env, where)
+
+
+def _construct_scalar(node: yaml.ScalarNode, env: Mapping[str, str], where: str) -> Any:
+    loader = yaml.SafeLoader("")
+    try:
+        value = loader.construct_object(node)
+    finally:
+        loader.dispose()
+    if isinstance(value, str) and "$" in value:
+        return _interpolate(value, env, where)
+    return value
+
+
+_PATH = re.compile(r"at `(\$[^`]*)`")
+_UNKNOWN = re.compile(r"unknown field `([^`]*)`")
+
+
+def _locate(message: str, lines: dict[str, int], source: str) -> str:
+    match = _PATH.search(message)
+    path = match.group(1) if match else "$"
+    unknown = _UNKNOWN.search(message)
+    if unknown:
+        key_path = f"{path}.{unknown.group(1)}"
+        line = lines.get(key_path + "#key") or lines.get(path)
+        return f"{source}:{line}: unknown key {unknown.group(1)!r} in {_pretty(path)}"
+    line = lines.get(path + "#key") or lines.get(path)
+    while line is None and "." in path:
+        path = path.rsplit(".", 1)[0]
+        line = lines.get(path)
+    reason = _PATH.sub("", message).strip().rstrip("-").strip()
+    return f"{source}:{line or 1}: {reason} at {_pretty(match.group(1) if match else '$')}"
+
+
+def _pretty(path: str) -> str:
+    return path[2:] if path.startswith("$.") else "the top level" if path == "$" else path
+
+
+def _check_references(settings: Settings, lines: dict[str, int], source: str) -> None:
+    for alias, route in settings.models.items():
+        for i, target in enumerate(route.targets):
+            if target.provider not in settings.providers:
+                where = f"$.models.{alias}.targets[{i}]"
+                known = ", ".join(sorted(settings.providers)) or "none"
+                raise ConfigError(
+                    f"{source}:{lines.get(where, 1)}: model {alias!r} targets unknown provider "
+                    f"{target.provider!r} (known: {known})"
+                )

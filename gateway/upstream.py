@@ -1,0 +1,225 @@
+"""The one seam between adapters and the HTTP client that talks to providers.
+
+Adapters call ``HttpClient.send`` and get an ``UpstreamResponse`` once the status line and headers
+are in; the body is then read whole (``read``) or as it arrives (``chunks``). The client library is
+the largest per-stream cost of a gateway (performance-notes.md), so it is swappable here and nowhere
+else: ``AiohttpClient`` (the default; it yields one chunk per socket read, coalescing events that
+arrive together) and ``HttpxClient`` (httpx's default transport, kept for comparison and for
+environments that prefer it). Foreign exceptions become gateway errors at this boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
+
+import aiohttp
+import httpx
+
+from gateway.errors import UpstreamConnectionError, UpstreamTimeout
+
+__all__ = [
+    "AiohttpClient",
+    "HttpClient",
+    "HttpxClient",
+    "StreamInterrupted",
+    "Timeouts",
+    "UpstreamResponse",
+    "make_client",
+]
+
+
+class StreamInterrupted(Exception):
+    """The provider's response body broke off after it started (reset, truncated, read timeout)."""
+
+    def __init__(self, message: str, *, timeout: bool = False) -> None:
+        super().__init__(message)
+        self.timeout = timeout
+
+
+class Timeouts:
+    __slots__ = ("connect", "read")
+
+    def __init__(self, connect: float, read: float) -> None:
+        self.connect = connect
+        self.read = read
+
+
+class UpstreamResponse(Protocol):
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Case-insensitive response headers."""
+        ...
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    async def read(self) -> bytes: ...
+
+    async def aclose(self) -> None:
+        """Drop the connection if the body was not read to the end (a client went away)."""
+        ...
+
+
+class HttpClient(Protocol):
+    async def send(
+        self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None, timeouts: Timeouts
+    ) -> UpstreamResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+# --- aiohttp ----------------------------------------------------------------------------------------------
+
+
+class _AiohttpResponse:
+    __slots__ = ("_resp",)
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+
+    @property
+    def status(self) -> int:
+        return self._resp.status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._resp.headers
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._resp.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+            timeout = isinstance(exc, asyncio.TimeoutError)
+            raise StreamInterrupted(_describe(exc, "upstream stream broke off"), timeout=timeout) from exc
+        finally:
+            self._resp.release()
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.read()
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+            if isinstance(exc, asyncio.TimeoutError):
+                raise UpstreamTimeout("timed out reading the upstream response") from exc
+            raise UpstreamConnectionError(_describe(exc, "upstream response broke off")) from exc
+        finally:
+            self._resp.release()
+
+    async def aclose(self) -> None:
+        if not self._resp.content.at_eof():
+            self._resp.close()
+        else:
+            self._resp.release()
+
+
+class AiohttpClient:
+    """Default upstream client: aiohttp, one pooled session per process."""
+
+    def __init__(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            auto_decompress=True,
+            skip_auto_headers=("User-Agent",),
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+
+    async def send(
+        self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None, timeouts: Timeouts
+    ) -> UpstreamResponse:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect, sock_read=timeouts.read)
+        try:
+            resp = await self._session.request(method, url, headers=headers, data=body, timeout=timeout)
+        except TimeoutError as exc:
+            raise UpstreamTimeout(f"timed out connecting to or waiting for {_host(url)}") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamConnectionError(_describe(exc, f"cannot reach {_host(url)}")) from exc
+        return _AiohttpResponse(resp)
+
+    async def aclose(self) -> None:
+        await self._session.close()
+
+
+# --- httpx ------------------------------------------------------------------------------------------------
+
+
+class _HttpxResponse:
+    __slots__ = ("_resp",)
+
+    def __init__(self, resp: httpx.Response) -> None:
+        self._resp = resp
+
+    @property
+    def status(self) -> int:
+        return self._resp.status_code
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._resp.headers
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._resp.aiter_raw():
+                yield chunk
+        except httpx.TransportError as exc:
+            timeout = isinstance(exc, httpx.TimeoutException)
+            raise StreamInterrupted(_describe(exc, "upstream stream broke off"), timeout=timeout) from exc
+        finally:
+            await self._resp.aclose()
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.aread()
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout("timed out reading the upstream response") from exc
+        except httpx.TransportError as exc:
+            raise UpstreamConnectionError(_describe(exc, "upstream response broke off")) from exc
+        finally:
+            await self._resp.aclose()
+
+    async def aclose(self) -> None:
+        await self._resp.aclose()
+
+
+class HttpxClient:
+    """httpx on its default transport (httpcore + h11)."""
+
+    def __init__(self) -> None:
+        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=100))
+
+    async def send(
+        self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None, timeouts: Timeouts
+    ) -> UpstreamResponse:
+        timeout = httpx.Timeout(timeouts.read, connect=timeouts.connect)
+        request = self._client.build_request(method, url, headers=dict(headers), content=body, timeout=timeout)
+        try:
+            resp = await self._client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout(f"timed out connecting to or waiting for {_host(url)}") from exc
+        except httpx.TransportError as exc:
+            raise UpstreamConnectionError(_describe(exc, f"cannot reach {_host(url)}")) from exc
+        return _HttpxResponse(resp)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def make_client(name: str = "aiohttp") -> HttpClient:
+    if name == "aiohttp":
+        return AiohttpClient()
+    if name == "httpx":
+        return HttpxClient()
+    raise ValueError(f"unknown upstream client {name!r} (aiohttp or httpx)")
+
+
+def _host(url: str) -> str:
+    return url.split("/", 3)[2] if "://" in url else url
+
+
+def _describe(exc: BaseException, prefix: str) -> str:
+    detail = type(exc).__name__
+    text = str(exc)
+    return f"{prefix}: {detail}" + (f" ({text})" if text and len(text) < 200 else "")

@@ -1,0 +1,122 @@
+"""Usage: a pure fold over the stream, and the per-request tally that records it exactly once.
+
+``message_start.message.usage`` sets the starting counts; each field present in a ``message_delta``
+usage *overwrites* (the counts are cumulative totals, never increments).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from gateway.events import EventView, Usage, UsageView
+
+if TYPE_CHECKING:
+    from gateway.metrics import Metrics
+
+__all__ = ["Outcome", "UsageTally", "fold_usage", "overwrite_present", "usage_of"]
+
+EMPTY = Usage()
+
+
+class Outcome:
+    COMPLETED = "completed"
+    UPSTREAM_ERROR = "upstream_error"
+    CLIENT_CANCELLED = "client_cancelled"
+    TIMEOUT = "timeout"
+    REJECTED = "rejected"
+    INVALID_STREAM = "invalid_stream"
+
+
+def usage_of(view: UsageView) -> Usage:
+    return Usage(
+        input_tokens=view.input_tokens,
+        output_tokens=view.output_tokens,
+        cache_creation_input_tokens=view.cache_creation_input_tokens,
+        cache_read_input_tokens=view.cache_read_input_tokens,
+    )
+
+
+def overwrite_present(usage: Usage, update: UsageView) -> Usage:
+    """Each field reported in ``update`` replaces the one in ``usage``; absent fields survive."""
+    return Usage(
+        input_tokens=usage.input_tokens if update.input_tokens is None else update.input_tokens,
+        output_tokens=usage.output_tokens if update.output_tokens is None else update.output_tokens,
+        cache_creation_input_tokens=usage.cache_creation_input_tokens
+        if update.cache_creation_input_tokens is None
+        else update.cache_creation_input_tokens,
+        cache_read_input_tokens=usage.cache_read_input_tokens
+        if update.cache_read_input_tokens is None
+        else update.cache_read_input_tokens,
+    )
+
+
+def fold_usage(usage: Usage, view: EventView) -> Usage:
+    """The usage after one more event."""
+    etype = view.type
+    if etype == "message_start":
+        message = view.message
+        return usage_of(message.usage) if message is not None and message.usage is not None else usage
+    if etype == "message_delta" and view.usage is not None:
+        return overwrite_present(usage, view.usage)
+    return usage
+
+
+class UsageTally:
+    """Per-request usage and timings; ``record`` writes them to the metrics exactly once."""
+
+    __slots__ = (
+        "_clock",
+        "_metrics",
+        "alias",
+        "first_token_at",
+        "model",
+        "provider",
+        "recorded",
+        "started",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        alias: str,
+        provider: str = "",
+        model: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._metrics = metrics
+        self._clock = clock
+        self.alias = alias
+        self.provider = provider
+        self.model = model
+        self.usage = EMPTY
+        self.started = clock()
+        self.first_token_at: float | None = None
+        self.recorded: str | None = None
+
+    def observe(self, view: EventView) -> None:
+        etype = view.type
+        if etype == "message_start" or etype == "message_delta":
+            self.usage = fold_usage(self.usage, view)
+        elif etype == "content_block_delta" and self.first_token_at is None:
+            self.first_token_at = self._clock()
+
+    def record(self, outcome: str) -> bool:
+        """Write the request's outcome, tokens and timings once; later calls do nothing."""
+        if self.recorded is not None:
+            return False
+        self.recorded = outcome
+        ttft = None if self.first_token_at is None else self.first_token_at - self.started
+        self._metrics.record_request(
+            alias=self.alias,
+            provider=self.provider,
+            model=self.model,
+            outcome=outcome,
+            usage=self.usage,
+            duration=self._clock() - self.started,
+            time_to_first_token=ttft,
+        )
+        return True
