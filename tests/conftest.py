@@ -1,0 +1,101 @@
+"""Shared fixtures: a real gateway (uvicorn + the app) on 127.0.0.1, and the fake Claude API."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+import uvicorn
+
+from gateway.app import create_app
+from gateway.metrics import Metrics
+from gateway.settings import Settings, parse_settings
+from tests.fakes.claude_api import FakeClaudeAPI
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    metrics: Metrics
+
+    def sample(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+@contextmanager
+def run_gateway(settings: Settings | str, *, upstream_client: str = "aiohttp") -> Iterator[RunningGateway]:
+    """Serve the gateway for `settings` (a Settings or YAML text) in a background thread."""
+    if isinstance(settings, str):
+        settings = parse_settings(settings, environ={})
+    metrics = Metrics()
+    app = create_app(settings, metrics=metrics, upstream_client=upstream_client)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, loop="asyncio", http="httptools", lifespan="on", log_level="warning",
+                            access_log=False)
+    server = uvicorn.Server(config)
+
+    def serve() -> None:
+        asyncio.run(server.serve(sockets=[sock]))
+
+    thread = threading.Thread(target=serve, name="gateway", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("gateway did not start")
+        time.sleep(0.01)
+    try:
+        yield RunningGateway(f"http://127.0.0.1:{port}", metrics)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture(scope="session")
+def fake_claude() -> Iterator[FakeClaudeAPI]:
+    fake = FakeClaudeAPI()
+    fake.start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+@pytest.fixture
+def fake(fake_claude: FakeClaudeAPI) -> FakeClaudeAPI:
+    fake_claude.reset()
+    return fake_claude
+
+
+def claude_config(base_url: str, **provider: str) -> str:
+    extra = "".join(f", {k}: {v}" for k, v in provider.items())
+    return f"""
+server: {{max_request_bytes: 200000}}
+auth: {{keys: [gw-key-1, gw-key-2]}}
+providers:
+  claude: {{kind: anthropic, api_key: provider-key, base_url: "{base_url}"{extra}}}
+  demo: {{kind: mock}}
+models:
+  sonnet:
+    targets: [{{provider: claude, model: fake-text}}]
+  mock-model:
+    targets: [{{provider: demo}}]
+  "*":
+    targets: [{{provider: claude}}]
+"""
+
+
+@pytest.fixture(scope="session")
+def gateway(fake_claude: FakeClaudeAPI) -> Iterator[RunningGateway]:
+    with run_gateway(claude_config(fake_claude.base_url)) as gw:
+        yield gw
