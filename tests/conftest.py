@@ -39,8 +39,7 @@ def run_gateway(settings: Settings | str, *, upstream_client: str = "aiohttp") -
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, loop="asyncio", http="httptools", lifespan="on", log_level="warning",
-                            access_log=False)
+    config = uvicorn.Config(app, loop="asyncio", http="httptools", lifespan="on", log_level="warning", access_log=False)
     server = uvicorn.Server(config)
 
     def serve() -> None:

@@ -51,9 +51,10 @@ def test_upstream_status_before_the_stream(
 
 
 def test_error_event_mid_stream_reaches_the_sdk_as_an_error(gateway: RunningGateway) -> None:
-    with pytest.raises(anthropic.APIStatusError) as info, via(gateway).messages.stream(
-        model="fake-error-midstream", **KW
-    ) as stream:
+    with (
+        pytest.raises(anthropic.APIStatusError) as info,
+        via(gateway).messages.stream(model="fake-error-midstream", **KW) as stream,
+    ):
         stream.get_final_message()
     assert info.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
 
@@ -70,19 +71,25 @@ def test_error_event_mid_stream_is_terminal(gateway: RunningGateway) -> None:
 
 
 def test_upstream_cut_mid_stream_ends_with_error_never_message_stop(gateway: RunningGateway) -> None:
-    before = gateway.sample("gateway_requests_total", alias="*", provider="claude", model="fake-cut-midstream",
-                            outcome="upstream_error")
+    before = gateway.sample(
+        "gateway_requests_total", alias="*", provider="claude", model="fake-cut-midstream", outcome="upstream_error"
+    )
     resp = read_stream(gateway, "fake-cut-midstream")
     assert resp.status_code == 200
     last = resp.content.strip().rsplit(b"\n\n", 1)[-1]
     assert last.startswith(b"event: error\ndata: ")
     assert b'"type":"api_error"' in last
     assert b"message_stop" not in resp.content
-    assert gateway.sample("gateway_requests_total", alias="*", provider="claude", model="fake-cut-midstream",
-                          outcome="upstream_error") == before + 1
-    with pytest.raises(anthropic.APIStatusError), via(gateway).messages.stream(
-        model="fake-cut-midstream", **KW
-    ) as stream:
+    assert (
+        gateway.sample(
+            "gateway_requests_total", alias="*", provider="claude", model="fake-cut-midstream", outcome="upstream_error"
+        )
+        == before + 1
+    )
+    with (
+        pytest.raises(anthropic.APIStatusError),
+        via(gateway).messages.stream(model="fake-cut-midstream", **KW) as stream,
+    ):
         stream.get_final_message()
 
 
@@ -92,9 +99,12 @@ def test_client_disconnect_closes_upstream_and_records_partial_usage(
     labels = {"alias": "*", "provider": "claude", "model": "fake-slow"}
     before = gateway.sample("gateway_requests_total", **labels, outcome="client_cancelled")
     input_before = gateway.sample("gateway_tokens_total", **labels, type="input")
-    with httpx.Client() as client, client.stream(
-        "POST", f"{gateway.url}/v1/messages", json={"model": "fake-slow", "stream": True, **KW}, headers=AUTH
-    ) as resp:
+    with (
+        httpx.Client() as client,
+        client.stream(
+            "POST", f"{gateway.url}/v1/messages", json={"model": "fake-slow", "stream": True, **KW}, headers=AUTH
+        ) as resp,
+    ):
         seen = 0
         for line in resp.iter_lines():
             seen += line.startswith("event: content_block_delta")
@@ -117,11 +127,19 @@ def test_client_disconnect_closes_upstream_and_records_partial_usage(
         (b'{"max_tokens": 5, "messages": []}', 400, "invalid_request_error", "model"),
         (b'{"model": "fake-text", "max_tokens": "5", "messages": []}', 400, "invalid_request_error", "max_tokens"),
         (b'{"model": "fake-text", "max_tokens": 5, "messages": "hi"}', 400, "invalid_request_error", "messages"),
-        (b'{"model": "fake-text", "max_tokens": 5, "messages": [{"role": "user"}]}', 400, "invalid_request_error",
-         "content"),
+        (
+            b'{"model": "fake-text", "max_tokens": 5, "messages": [{"role": "user"}]}',
+            400,
+            "invalid_request_error",
+            "content",
+        ),
         (b'{"model": "fake-text", "max_tokens": 0, "messages": []}', 400, "invalid_request_error", "max_tokens"),
-        (b'{"model": "fake-text", "max_tokens": 5, "messages": [], "stream": "yes"}', 400, "invalid_request_error",
-         "stream"),
+        (
+            b'{"model": "fake-text", "max_tokens": 5, "messages": [], "stream": "yes"}',
+            400,
+            "invalid_request_error",
+            "stream",
+        ),
         (b'{"model": "x", "pad": "' + b"a" * 300_000 + b'"}', 413, "request_too_large", "limit"),
     ],
 )
@@ -201,7 +219,11 @@ providers:
   dead: {{kind: anthropic, api_key: k, base_url: "http://127.0.0.1:9"}}
   claude: {{kind: anthropic, api_key: k, base_url: "{fake.base_url}"}}
 models:
-  m: {{targets: [{{provider: claude, model: fake-status-529}}, {{provider: dead}}, {{provider: claude, model: fake-text}}]}}
+  m:
+    targets:
+      - {{provider: claude, model: fake-status-529}}
+      - {{provider: dead}}
+      - {{provider: claude, model: fake-text}}
 """
     with run_gateway(config) as gw:
         client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0)

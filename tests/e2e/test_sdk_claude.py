@@ -70,8 +70,13 @@ def test_citations_one_per_delta_and_lists_equal(fake: FakeClaudeAPI, gateway: R
     got, events = final(via(gateway), "fake-citations")
     deltas = [e for e in events if e["type"] == "content_block_delta" and e["delta"]["type"] == "citations_delta"]
     kinds = {d["delta"]["citation"]["type"] for d in deltas}
-    assert kinds == {"char_location", "page_location", "content_block_location", "search_result_location",
-                     "web_search_result_location"}
+    assert kinds == {
+        "char_location",
+        "page_location",
+        "content_block_location",
+        "search_result_location",
+        "web_search_result_location",
+    }
     cited = [c for block in got["content"] if block["type"] == "text" for c in (block.get("citations") or [])]
     assert cited == [d["delta"]["citation"] for d in deltas]
 
@@ -102,7 +107,9 @@ def test_unknown_event_type_is_carried_and_counted(gateway: RunningGateway) -> N
 # --- what reaches the provider -------------------------------------------------------------------------------
 
 
-def test_provider_key_replaces_client_key_and_version_is_forwarded(fake: FakeClaudeAPI, gateway: RunningGateway) -> None:
+def test_provider_key_replaces_client_key_and_version_is_forwarded(
+    fake: FakeClaudeAPI, gateway: RunningGateway
+) -> None:
     client = via(gateway)
     client.messages.create(model="sonnet", **KW)
     sent = fake.requests[-1]
@@ -124,8 +131,11 @@ def test_beta_path_and_header_are_forwarded(fake: FakeClaudeAPI, gateway: Runnin
     assert text
     assert fake.requests[-1].headers["anthropic-beta"] == "interleaved-thinking-2025-05-14"
     # SDK 2.14 marks beta calls internally; older SDKs (and other clients) send ?beta=true, which is kept.
-    resp = httpx.post(f"{gateway.url}/v1/messages?beta=true", json={"model": "fake-text", **KW},
-                      headers={"x-api-key": "gw-key-1", "anthropic-beta": "a-1,b-2"})
+    resp = httpx.post(
+        f"{gateway.url}/v1/messages?beta=true",
+        json={"model": "fake-text", **KW},
+        headers={"x-api-key": "gw-key-1", "anthropic-beta": "a-1,b-2"},
+    )
     assert resp.status_code == 200
     assert (fake.requests[-1].query, fake.requests[-1].headers["anthropic-beta"]) == ("beta=true", "a-1,b-2")
 

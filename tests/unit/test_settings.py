@@ -8,7 +8,14 @@ import pytest
 
 from gateway.errors import NotFound
 from gateway.routing import RouteTable
-from gateway.settings import AnthropicProvider, ConfigError, MockProvider, default_config_path, load_settings, parse_settings
+from gateway.settings import (
+    AnthropicProvider,
+    ConfigError,
+    MockProvider,
+    default_config_path,
+    load_settings,
+    parse_settings,
+)
 
 BASE = """\
 server: {host: 127.0.0.1, port: 8080}
@@ -41,8 +48,9 @@ def test_interpolation_from_the_environment() -> None:
 
 
 def test_empty_variable_takes_the_default_and_dollar_escapes() -> None:
-    s = parse_settings(BASE.replace("api_key: \"${ANTHROPIC_API_KEY}\"", "api_key: \"$${LITERAL}\""),
-                       environ={**ENV, "UPSTREAM": ""})
+    s = parse_settings(
+        BASE.replace('api_key: "${ANTHROPIC_API_KEY}"', 'api_key: "$${LITERAL}"'), environ={**ENV, "UPSTREAM": ""}
+    )
     assert s.providers["anthropic"].base_url == "https://api.anthropic.com"  # type: ignore[union-attr]
     assert s.providers["anthropic"].api_key == "${LITERAL}"  # type: ignore[union-attr]
 

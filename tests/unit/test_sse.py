@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ BODY = (
     b'data: {"type":"message_start","message":{"id":"m","content":[]}}\n\n'
     b": a comment line\n\n"
     + b"event: content_block_delta\n"
-    + 'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"h\u00e9llo \U0001f600 \u4e16\u754c"}}\n\n'.encode()
+    + b'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":'
+    + '"h\u00e9llo \U0001f600 \u4e16\u754c"}}\n\n'.encode()
     + b"event: ping\r\ndata: {\"type\": \"ping\"}\r\n\r\n"
     + b"data: {\"type\":\"no_event_line\"}\r\r"
     b"event: multi\ndata: line one\ndata:line two\nid: 7\nretry: 10\n\n"
@@ -35,7 +37,7 @@ def frames(chunks: list[bytes]) -> list[SseFrame]:
 
 def split_at(body: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({0, len(body), *cuts})
-    return [body[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [body[a:b] for a, b in itertools.pairwise(points)]
 
 
 def test_whole_body() -> None:

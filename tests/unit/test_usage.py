@@ -41,14 +41,18 @@ def test_message_delta_overwrites_present_fields_only() -> None:
     usage = fold_usage(Usage(), START)
     usage = fold_usage(usage, view({"type": "message_delta", "usage": {"output_tokens": 10}}))
     usage = fold_usage(usage, view({"type": "message_delta", "usage": {"output_tokens": 25, "input_tokens": 10682}}))
-    assert usage == Usage(input_tokens=10682, output_tokens=25, cache_creation_input_tokens=0, cache_read_input_tokens=1200)
+    assert usage == Usage(
+        input_tokens=10682, output_tokens=25, cache_creation_input_tokens=0, cache_read_input_tokens=1200
+    )
 
 
 def test_not_reported_is_distinct_from_zero() -> None:
     start = view({"type": "message_start", "message": {"usage": {"input_tokens": 5, "output_tokens": 1}}})
     usage = fold_usage(Usage(), start)
     assert usage.cache_read_input_tokens is None
-    usage = fold_usage(usage, view({"type": "message_delta", "usage": {"output_tokens": 0, "cache_read_input_tokens": 0}}))
+    usage = fold_usage(
+        usage, view({"type": "message_delta", "usage": {"output_tokens": 0, "cache_read_input_tokens": 0}})
+    )
     assert usage.output_tokens == 0 and usage.cache_read_input_tokens == 0
 
 
@@ -77,7 +81,10 @@ def test_tally_records_exactly_once_with_injected_clock() -> None:
     assert tally.record("client_cancelled") is False
     get = metrics.registry.get_sample_value
     assert get("gateway_requests_total", {"alias": "a", "provider": "p", "model": "m", "outcome": "completed"}) == 1
-    assert get("gateway_requests_total", {"alias": "a", "provider": "p", "model": "m", "outcome": "client_cancelled"}) is None
+    assert (
+        get("gateway_requests_total", {"alias": "a", "provider": "p", "model": "m", "outcome": "client_cancelled"})
+        is None
+    )
     assert get("gateway_tokens_total", {"alias": "a", "provider": "p", "model": "m", "type": "output"}) == 7
     assert get("gateway_tokens_total", {"alias": "a", "provider": "p", "model": "m", "type": "cache_read"}) == 1200
     assert get("gateway_time_to_first_token_seconds_sum", {"alias": "a", "provider": "p"}) == 0.5

@@ -77,9 +77,19 @@ def test_every_state_event_pair(state: State, etype: str) -> None:
 EVENTS = st.sampled_from([*KNOWN_EVENTS, "future_event", ""])
 
 
-@given(st.lists(st.tuples(EVENTS, st.integers(-1, 3), st.sampled_from(["text", "thinking", "tool_use", "x"]),
-                          st.sampled_from(["text_delta", "thinking_delta", "input_json_delta", "signature_delta",
-                                           "citations_delta", "new_delta"])), max_size=30))
+@given(
+    st.lists(
+        st.tuples(
+            EVENTS,
+            st.integers(-1, 3),
+            st.sampled_from(["text", "thinking", "tool_use", "x"]),
+            st.sampled_from(
+                ["text_delta", "thinking_delta", "input_json_delta", "signature_delta", "citations_delta", "new_delta"]
+            ),
+        ),
+        max_size=30,
+    )
+)
 def test_random_sequences_never_crash_and_stay_consistent(seq: list[tuple[str, int, str, str]]) -> None:
     v = StreamValidator()
     for etype, index, block, delta in seq:
