@@ -1,0 +1,159 @@
+"""The pipeline never emits an invalid stream: whatever the provider sends, the client's stream is a
+valid prefix ending in message_stop, or ends with exactly one error event."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.events import WireEvent, decode_view
+from gateway.metrics import Metrics
+from gateway.pipeline import OpenStream, stream_body
+from gateway.sse import SseDecoder
+from gateway.upstream import StreamInterrupted
+from gateway.usage import UsageTally
+from gateway.validate import State, StreamValidator
+
+
+class _Named:
+    name = "p"
+
+
+class _Target:
+    adapter = _Named()
+    provider = "p"
+
+
+class FakeStream:
+    def __init__(self, batches: list[list[WireEvent]], *, interrupt: bool = False) -> None:
+        self._batches = batches
+        self._interrupt = interrupt
+        self.headers: dict[str, str] = {}
+        self.closed = False
+
+    async def batches(self) -> AsyncGenerator[list[WireEvent]]:
+        for batch in self._batches:
+            yield batch
+        if self._interrupt:
+            raise StreamInterrupted("connection reset")
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def ev(etype: str, **fields: Any) -> WireEvent:
+    data = msgspec.json.encode({"type": etype, **fields})
+    return WireEvent(etype, data, decode_view(data))
+
+
+def run(
+    batches: list[list[WireEvent]], *, interrupt: bool = False
+) -> tuple[list[bytes], Metrics, UsageTally, FakeStream]:
+    metrics = Metrics()
+    tally = UsageTally(metrics, alias="a", provider="p", model="m")
+    stream = FakeStream(batches, interrupt=interrupt)
+
+    async def go() -> list[bytes]:
+        gen = stream.batches()
+        first = await anext(gen)
+        opened = OpenStream(_Target(), stream, gen, first)  # type: ignore[arg-type]
+        return [chunk async for chunk in stream_body(opened, metrics, tally)]
+
+    return asyncio.run(go()), metrics, tally, stream
+
+
+def client_events(chunks: list[bytes]) -> list[Any]:
+    decoder = SseDecoder()
+    frames = decoder.feed(b"".join(chunks))
+    assert not decoder.pending, "the body ends on a frame boundary"
+    out = []
+    for frame in frames:
+        assert frame.event is not None
+        data = msgspec.json.decode(frame.data)
+        assert data["type"] == frame.event.decode()
+        out.append(data)
+    return out
+
+
+GOOD = [
+    ev("message_start", message={"id": "m", "usage": {"input_tokens": 10, "output_tokens": 1}}),
+    ev("content_block_start", index=0, content_block={"type": "text", "text": ""}),
+    ev("content_block_delta", index=0, delta={"type": "text_delta", "text": "hi"}),
+    ev("content_block_stop", index=0),
+    ev("message_delta", delta={"stop_reason": "end_turn"}, usage={"output_tokens": 5}),
+    ev("message_stop"),
+]
+
+
+def test_one_write_per_upstream_batch_and_usage() -> None:
+    chunks, _, tally, stream = run([GOOD[:3], GOOD[3:]])
+    assert len(chunks) == 2
+    assert chunks[0] == b"".join(b"event: %s\ndata: %s\n\n" % (e.type.encode(), e.data) for e in GOOD[:3])
+    assert [e["type"] for e in client_events(chunks)] == [e.type for e in GOOD]
+    assert tally.recorded == "completed"
+    assert (tally.usage.input_tokens, tally.usage.output_tokens) == (10, 5)
+    assert stream.closed
+
+
+def test_violation_becomes_error_event_and_is_counted() -> None:
+    bad = [*GOOD[:2], ev("content_block_delta", index=0, delta={"type": "input_json_delta", "partial_json": ""})]
+    body, metrics, tally, _ = run([bad, GOOD[3:]])
+    events = client_events(body)
+    assert [e["type"] for e in events] == ["message_start", "content_block_start", "error"]
+    assert "input_json_delta on a text block" in events[-1]["error"]["message"]
+    assert (
+        metrics.registry.get_sample_value("gateway_stream_violations_total", {"provider": "p", "rule": "delta_kind"})
+        == 1
+    )
+    assert tally.recorded == "invalid_stream"
+
+
+def test_truncated_upstream_ends_with_error_not_message_stop() -> None:
+    body, _, tally, _ = run([GOOD[:4]])
+    events = client_events(body)
+    assert events[-1]["type"] == "error" and "without message_stop" in events[-1]["error"]["message"]
+    assert tally.recorded == "upstream_error"
+    assert tally.usage.input_tokens == 10  # partial usage kept
+
+
+def test_interrupted_upstream_ends_with_error() -> None:
+    body, _, tally, _ = run([GOOD[:3]], interrupt=True)
+    assert client_events(body)[-1]["type"] == "error"
+    assert tally.recorded == "upstream_error"
+
+
+def test_nothing_after_message_stop_is_forwarded() -> None:
+    body, *_ = run([[*GOOD, ev("ping")]])
+    assert client_events(body)[-1]["type"] == "message_stop"
+
+
+RANDOM_EVENT = st.one_of(
+    st.sampled_from(GOOD),
+    st.builds(
+        lambda t, i, k: ev(t, index=i, content_block={"type": k}, delta={"type": k + "_delta"}),
+        st.sampled_from(["content_block_start", "content_block_delta", "content_block_stop", "future"]),
+        st.integers(0, 2),
+        st.sampled_from(["text", "thinking", "input_json", "tool_use"]),
+    ),
+    st.just(ev("ping")),
+    st.just(ev("error", error={"type": "overloaded_error", "message": "x"})),
+    st.just(WireEvent("", b"{not json", decode_view(b"{}"))),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(RANDOM_EVENT, min_size=1, max_size=6), min_size=1, max_size=6), st.booleans())
+def test_client_stream_is_always_valid(batches: list[list[WireEvent]], interrupt: bool) -> None:
+    body, _, tally, stream = run(batches, interrupt=interrupt)
+    events = client_events(body)
+    checker = StreamValidator()
+    for event in events:
+        checker.check(decode_view(msgspec.json.encode(event)))  # never raises
+    assert checker.state in (State.DONE, State.FAILED), "every stream ends in message_stop or error"
+    assert sum(e["type"] in ("message_stop", "error") for e in events) == 1
+    assert tally.recorded is not None and stream.closed
