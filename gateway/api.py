@@ -117,7 +117,7 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
         return _error_response(exc, rid)
     tally.alias = route.alias
     proxied = _proxy_request(request, body, head.model, bool(head.stream), client_auth, rid)
-    gw.metrics.inflight.inc()
+    tally.begin()
     try:
         if not head.stream:
             reply = await pipeline.complete(route, proxied, gw.metrics, tally)
@@ -126,26 +126,16 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
         opened = await pipeline.open_stream(route, proxied, gw.metrics, tally)
     except GatewayError as exc:
         tally.record(Outcome.TIMEOUT if exc.error_type == "timeout_error" else Outcome.UPSTREAM_ERROR)
-        gw.metrics.inflight.dec()
         return _error_response(exc, rid)
     except BaseException:
-        gw.metrics.inflight.dec()
+        tally.record(Outcome.CLIENT_CANCELLED)
         raise
     headers = {"request-id": rid, **_SSE_HEADERS, **opened.stream.headers, "x-gateway-provider": tally.provider}
     return Stream(
-        _counted(gw, pipeline.stream_body(opened, gw.metrics, tally)),
+        pipeline.stream_body(opened, gw.metrics, tally),
         media_type="text/event-stream; charset=utf-8",
         headers=headers,
     )
-
-
-async def _counted(gw: Gateway, body: Any) -> Any:
-    try:
-        async for chunk in body:
-            yield chunk
-    finally:
-        gw.metrics.inflight.dec()
-        await body.aclose()
 
 
 @post("/v1/messages/count_tokens", status_code=200)

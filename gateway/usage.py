@@ -71,6 +71,7 @@ class UsageTally:
         "_metrics",
         "alias",
         "first_token_at",
+        "inflight",
         "model",
         "provider",
         "recorded",
@@ -96,6 +97,12 @@ class UsageTally:
         self.started = clock()
         self.first_token_at: float | None = None
         self.recorded: str | None = None
+        self.inflight = False
+
+    def begin(self) -> None:
+        """The request is being served: counted in flight until ``record``."""
+        self._metrics.inflight.inc()
+        self.inflight = True
 
     def observe(self, view: EventView) -> None:
         etype = view.type
@@ -109,6 +116,8 @@ class UsageTally:
         if self.recorded is not None:
             return False
         self.recorded = outcome
+        if self.inflight:
+            self._metrics.inflight.dec()
         ttft = None if self.first_token_at is None else self.first_token_at - self.started
         self._metrics.record_request(
             alias=self.alias,

@@ -167,3 +167,14 @@ def test_forward_client_key_when_configured(fake: FakeClaudeAPI) -> None:
     sent = fake.requests[-1]
     assert sent.headers["authorization"] == "Bearer user-own-key"
     assert "x-api-key" not in sent.headers
+
+
+def test_health_metrics_and_inflight_balance(gateway: RunningGateway) -> None:
+    via(gateway).messages.create(model="fake-text", **KW)
+    with via(gateway).messages.stream(model="fake-text", **KW) as stream:
+        stream.get_final_message()
+    assert httpx.get(f"{gateway.url}/healthz").json() == {"status": "ok"}
+    text = httpx.get(f"{gateway.url}/metrics").text
+    assert 'gateway_requests_total{alias="*",model="fake-text",outcome="completed",provider="claude"}' in text
+    assert "gateway_tokens_total{" in text
+    assert gateway.sample("gateway_inflight_requests") == 0
