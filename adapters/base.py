@@ -15,9 +15,9 @@ from typing import Protocol
 import msgspec
 
 from gateway.errors import UpstreamStatusError, error_type_for_status
-from gateway.events import EventView, WireEvent, decode_view
+from gateway.events import MALFORMED, Batch, decode_view, decode_views
 from gateway.request import ProxyRequest
-from gateway.sse import SseDecoder, SseFrame
+from gateway.sse import SseDecoder, split_block, split_canonical
 from gateway.upstream import UpstreamResponse
 
 __all__ = [
@@ -25,9 +25,9 @@ __all__ = [
     "EventStream",
     "JsonReply",
     "SseEventStream",
+    "batch_of_block",
     "forwardable_headers",
     "raise_for_upstream",
-    "wire_event_of",
 ]
 
 
@@ -45,7 +45,7 @@ class JsonReply:
 class EventStream(Protocol):
     headers: dict[str, str]
 
-    def batches(self) -> AsyncGenerator[list[WireEvent]]: ...
+    def batches(self) -> AsyncGenerator[Batch]: ...
 
     async def aclose(self) -> None: ...
 
@@ -110,18 +110,30 @@ async def raise_for_upstream(resp: UpstreamResponse, provider: str) -> None:
     raise UpstreamStatusError(status, error_type_for_status(status), message, headers=headers)
 
 
-_MALFORMED = EventView(type="")
-
-
-def wire_event_of(frame: SseFrame) -> WireEvent:
-    """An SSE frame as a forwarded event: its exact data bytes plus a partial view of them."""
-    try:
-        view = decode_view(frame.data)
-    except msgspec.DecodeError:
-        return WireEvent("", frame.data, _MALFORMED)
-    if not view.type and frame.event:
-        view.type = frame.event.decode("utf-8", "replace")
-    return WireEvent(view.type, frame.data, view)
+def batch_of_block(block: bytes) -> Batch:
+    """The events of a block of complete SSE frames: exact data bytes plus their partial views. The block
+    itself is kept as the batch's canonical bytes when every frame is canonical and names its own type."""
+    if block.count(b"\n") == 3:  # one frame, the common case for a paced token stream
+        name, sep, data = block[:-2].partition(b"\ndata: ")
+        if sep and name.startswith(b"event: ") and b"\n" not in data:
+            try:
+                view = decode_view(data)
+            except msgspec.DecodeError:
+                view = MALFORMED
+            if view.type.encode() == name[7:]:
+                return Batch([view], [data], block)
+    canonical = split_canonical(block)
+    if canonical is not None:
+        names, array, count = canonical
+        views = decode_views([], array)  # [] when any event is malformed: handled frame by frame below
+        if len(views) == count and names == b"event: " + "\nevent: ".join([v.type for v in views]).encode():
+            return Batch(views, None, block)
+    names_list, datas = split_block(block)
+    views = decode_views(datas)
+    for view, name in zip(views, names_list, strict=True):
+        if not view.type and name and view is not MALFORMED:  # the event name stands in for a missing type
+            view.type = name.decode("utf-8", "replace")
+    return Batch(views, datas)
 
 
 class SseEventStream:
@@ -133,13 +145,12 @@ class SseEventStream:
         self._resp = resp
         self.headers = forwardable_headers(resp.headers)
 
-    async def batches(self) -> AsyncGenerator[list[WireEvent]]:
-        decoder = SseDecoder()
-        feed = decoder.feed
+    async def batches(self) -> AsyncGenerator[Batch]:
+        feed = SseDecoder().feed_block
         async for chunk in self._resp.chunks():
-            frames = feed(chunk)
-            if frames:
-                yield [wire_event_of(frame) for frame in frames]
+            block = feed(chunk)
+            if block:
+                yield batch_of_block(block)
 
     async def aclose(self) -> None:
         await self._resp.aclose()

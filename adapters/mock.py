@@ -10,9 +10,10 @@ from collections.abc import AsyncGenerator
 import msgspec
 
 from gateway.errors import InvalidRequest
-from gateway.events import WireEvent, decode_view
+from gateway.events import Batch, decode_views
 from gateway.request import ProxyRequest
 from gateway.settings import MockProvider
+from gateway.sse import encode_frame
 
 from ._mock_answer import estimate_input_tokens, mock_events, mock_message
 from .base import JsonReply
@@ -26,23 +27,24 @@ _MOCK_HEADERS = {"x-gateway-mock": "true"}
 class _MockStream:
     __slots__ = ("_config", "_events", "headers")
 
-    def __init__(self, events: list[WireEvent], config: MockProvider, request_id: str) -> None:
+    def __init__(self, events: Batch, config: MockProvider, request_id: str) -> None:
         self._events = events
         self._config = config
         self.headers = {**_MOCK_HEADERS, "request-id": request_id}
 
-    async def batches(self) -> AsyncGenerator[list[WireEvent]]:
+    async def batches(self) -> AsyncGenerator[Batch]:
         config = self._config
         if config.first_event_delay_ms:
             await asyncio.sleep(config.first_event_delay_ms / 1000)
+        events = self._events
         if not config.event_delay_ms:
-            yield self._events
+            yield events
             return
         delay = config.event_delay_ms / 1000
-        for i, event in enumerate(self._events):
+        for i, (view, data) in enumerate(zip(events.views, events.datas, strict=True)):
             if i:
                 await asyncio.sleep(delay)
-            yield [event]
+            yield Batch([view], [data])
 
     async def aclose(self) -> None:
         return None
@@ -71,11 +73,9 @@ class MockAdapter:
         events = mock_events(
             self._body(request, model), deltas=self._config.deltas, message_id=self._message_id(request)
         )
-        wire = []
-        for event in events:
-            data = _encode(event)
-            wire.append(WireEvent(event["type"], data, decode_view(data)))
-        return _MockStream(wire, self._config, request.request_id)
+        datas = [_encode(event) for event in events]
+        raw = b"".join([encode_frame(event["type"], data) for event, data in zip(events, datas, strict=True)])
+        return _MockStream(Batch(decode_views(datas), datas, raw), self._config, request.request_id)
 
     async def complete(self, request: ProxyRequest, model: str) -> JsonReply:
         if self._config.first_event_delay_ms:

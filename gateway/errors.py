@@ -7,7 +7,8 @@ from collections.abc import Mapping
 
 import msgspec
 
-from gateway.events import ErrorDetail, ErrorEvent, WireEvent, wire_event
+from gateway.events import ErrorDetail, ErrorEvent, encode_event
+from gateway.sse import encode_frame
 
 __all__ = [
     "AuthenticationError",
@@ -20,7 +21,7 @@ __all__ = [
     "UpstreamStatusError",
     "UpstreamTimeout",
     "envelope",
-    "error_event",
+    "error_frame",
     "error_type_for_status",
     "new_request_id",
 ]
@@ -65,9 +66,9 @@ def envelope(error_type: str, message: str, request_id: str | None = None) -> by
     return _encode(_Envelope(error=ErrorDetail(type=error_type, message=message), request_id=request_id))
 
 
-def error_event(error_type: str, message: str) -> WireEvent:
-    """The terminal ``error`` event of a stream that failed after it started."""
-    return wire_event(ErrorEvent(error=ErrorDetail(type=error_type, message=message)))
+def error_frame(error_type: str, message: str) -> bytes:
+    """The terminal ``error`` event of a stream that failed after it started, as an SSE frame."""
+    return encode_frame("error", encode_event(ErrorEvent(error=ErrorDetail(type=error_type, message=message))))
 
 
 class GatewayError(Exception):

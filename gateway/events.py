@@ -6,8 +6,9 @@ Two representations live here, for two jobs:
   wire. The gateway builds these only where it *makes* an event (an ``error`` it synthesises, the mock
   provider, a translated provider stream); encoding one yields the client's ``data:`` payload.
 * ``EventView`` — the small partial decode of a forwarded event (its ``type``, ``index``, block and
-  delta kinds, usage). ``WireEvent`` pairs that view with the exact ``data`` bytes that arrived, so an
-  event that passes through unchanged is written to the client as those bytes, never re-serialised.
+  delta kinds, usage). A ``Batch`` carries the views of one upstream read beside the exact ``data`` bytes
+  that arrived, so an event that passes through unchanged is written to the client as those bytes,
+  never re-serialised.
 
 Unknown event, block and delta types are carried intact: the view decodes any ``type`` string, and the
 raw bytes go through untouched.
@@ -20,7 +21,9 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "MALFORMED",
     "AnyEvent",
+    "Batch",
     "Block",
     "CharLocation",
     "Citation",
@@ -54,10 +57,9 @@ __all__ = [
     "Usage",
     "UsageView",
     "WebSearchResultLocation",
-    "WireEvent",
     "decode_view",
+    "decode_views",
     "encode_event",
-    "wire_event",
 ]
 
 
@@ -268,29 +270,31 @@ AnyEvent = (
 
 
 # --- the partial view decoded from every forwarded event ------------------------------------------------
+# gc=False: these hold no reference cycles, so the cyclic collector need not track the thousands a
+# busy gateway allocates per second.
 
 
-class UsageView(msgspec.Struct):
+class UsageView(msgspec.Struct, gc=False):
     input_tokens: int | None = None
     output_tokens: int | None = None
     cache_creation_input_tokens: int | None = None
     cache_read_input_tokens: int | None = None
 
 
-class _Kind(msgspec.Struct):
+class _Kind(msgspec.Struct, gc=False):
     type: str = ""
 
 
-class _MessageView(msgspec.Struct):
+class _MessageView(msgspec.Struct, gc=False):
     usage: UsageView | None = None
 
 
-class _ErrorView(msgspec.Struct):
+class _ErrorView(msgspec.Struct, gc=False):
     type: str = "api_error"
     message: str = ""
 
 
-class EventView(msgspec.Struct):
+class EventView(msgspec.Struct, gc=False):
     """Just what validation and usage need of one event; every other field is skipped, not decoded."""
 
     type: str = ""
@@ -303,7 +307,9 @@ class EventView(msgspec.Struct):
 
 
 _decode_view = msgspec.json.Decoder(EventView).decode
+_decode_views = msgspec.json.Decoder(list[EventView]).decode
 _encode = msgspec.json.Encoder().encode
+MALFORMED = EventView(type="")
 
 
 def decode_view(data: bytes) -> EventView:
@@ -311,27 +317,53 @@ def decode_view(data: bytes) -> EventView:
     return _decode_view(data)
 
 
-class WireEvent:
-    """One event as it travels: its type, the exact JSON bytes, and the partial view of them."""
+def decode_views(datas: list[bytes], array: bytes | None = None) -> list[EventView]:
+    """Partially decode many events in one call (``array``: the same data as one JSON array, if at hand);
+    a malformed event becomes the shared untyped ``MALFORMED`` view."""
+    try:
+        return _decode_views(array if array is not None else b"[" + b",".join(datas) + b"]")
+    except msgspec.DecodeError:
+        views = []
+        for data in datas:
+            try:
+                views.append(_decode_view(data))
+            except msgspec.DecodeError:
+                views.append(MALFORMED)  # shared and never mutated: the validator rejects its empty type
+        return views
 
-    __slots__ = ("data", "type", "view")
 
-    def __init__(self, type: str, data: bytes, view: EventView) -> None:
-        self.type = type
-        self.data = data
-        self.view = view
+class Batch:
+    """The events completed by one upstream read, as they travel to the client.
+
+    ``views[i]`` is the partial decode of event i and ``datas[i]`` its exact JSON bytes. ``raw``, when
+    set, is the canonical SSE of the whole batch (``event: <type>\\ndata: <datas[i]>\\n\\n`` for each i) —
+    usually the very bytes that arrived — so a batch that passes validation is written as one object,
+    and ``datas`` is then only split out of it if something needs them one by one.
+    """
+
+    __slots__ = ("_datas", "raw", "views")
+
+    def __init__(self, views: list[EventView], datas: list[bytes] | None, raw: bytes | None = None) -> None:
+        if datas is None and raw is None:
+            raise ValueError("a batch needs its data or its canonical bytes")
+        self.views = views
+        self._datas = datas
+        self.raw = raw
+
+    @property
+    def datas(self) -> list[bytes]:
+        if self._datas is None:
+            assert self.raw is not None
+            self._datas = [line[6:] for line in self.raw.split(b"\n")[1::3]]
+        return self._datas
+
+    def __len__(self) -> int:
+        return len(self.views)
 
     def __repr__(self) -> str:
-        return f"WireEvent({self.type!r}, {self.data!r})"
+        return f"Batch({[v.type for v in self.views]!r})"
 
 
 def encode_event(event: Event) -> bytes:
     """Encode a typed event as its ``data:`` JSON payload."""
     return _encode(event)
-
-
-def wire_event(event: Event) -> WireEvent:
-    """A typed event the gateway made, in the form the pipeline forwards."""
-    data = _encode(event)
-    view = _decode_view(data)
-    return WireEvent(view.type, data, view)

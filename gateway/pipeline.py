@@ -13,15 +13,15 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import msgspec
 
 from adapters.base import EventStream, JsonReply
-from gateway.errors import GatewayError, UpstreamConnectionError, UpstreamStatusError, UpstreamTimeout, error_event
-from gateway.events import UsageView, WireEvent
+from gateway.errors import GatewayError, UpstreamConnectionError, UpstreamStatusError, UpstreamTimeout, error_frame
+from gateway.events import Batch, UsageView
 from gateway.metrics import Metrics
 from gateway.request import ProxyRequest
 from gateway.routing import Route, Target
-from gateway.sse import frame_header
+from gateway.sse import encode_frame
 from gateway.upstream import StreamInterrupted
 from gateway.usage import Outcome, UsageTally, usage_of
-from gateway.validate import KNOWN_EVENTS, StreamValidator, Violation
+from gateway.validate import KNOWN_EVENTS, State, StreamValidator, Violation
 
 __all__ = ["OpenStream", "complete", "count_tokens", "open_stream", "stream_body"]
 
@@ -46,7 +46,7 @@ class OpenStream:
     __slots__ = ("batches", "first", "stream", "target")
 
     def __init__(
-        self, target: Target, stream: EventStream, batches: AsyncGenerator[list[WireEvent]], first: list[WireEvent]
+        self, target: Target, stream: EventStream, batches: AsyncGenerator[Batch], first: Batch
     ) -> None:
         self.target = target
         self.stream = stream
@@ -74,7 +74,7 @@ async def open_stream(route: Route, request: ProxyRequest, metrics: Metrics, tal
             raise
         batches = stream.batches()
         try:
-            first: list[WireEvent] = await anext(batches, [])
+            first: Batch = await anext(batches, _EMPTY)
             failure = _early_error(first)
         except StreamInterrupted as exc:
             failure = UpstreamConnectionError(f"provider {target.provider!r}: {exc}")
@@ -92,16 +92,19 @@ async def open_stream(route: Route, request: ProxyRequest, metrics: Metrics, tal
     raise last
 
 
-def _early_error(first: list[WireEvent]) -> GatewayError | None:
+_EMPTY = Batch([], [])
+
+
+def _early_error(first: Batch) -> GatewayError | None:
     """A stream that fails before its first real event can still get a proper HTTP status."""
-    if not first:
+    if not first.views:
         return UpstreamConnectionError("provider closed the stream before its first event")
-    head = first[0]
-    if head.type == "error" and head.view.error is not None:
-        etype = head.view.error.type
+    head = first.views[0]
+    if head.type == "error" and head.error is not None:
+        etype = head.error.type
         status = _STATUS_FOR_ERROR_TYPE.get(etype, 500)
-        body = b'{"type":"error","error":' + _error_json(head.data) + b"}"
-        return UpstreamStatusError(status, etype, head.view.error.message, body=body)
+        body = b'{"type":"error","error":' + _error_json(first.datas[0]) + b"}"
+        return UpstreamStatusError(status, etype, head.error.message, body=body)
     return None
 
 
@@ -119,32 +122,39 @@ def _error_json(data: bytes) -> bytes:
 async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -> AsyncIterator[bytes]:
     """The client's SSE body: one write per upstream read; ``error`` (never ``message_stop``) on failure."""
     validator = StreamValidator()
+    check_all = validator.check_all
     provider = opened.target.provider
-    outcome = Outcome.CLIENT_CANCELLED
+    outcome: str | None = None  # set when the stream ends; still None if the client went away first
     batch = opened.first
     try:
         while True:
-            parts: list[bytes] = []
-            for event in batch:
-                view = event.view
-                try:
-                    validator.check(view)
-                except Violation as violation:
-                    metrics.violations.labels(provider, violation.rule).inc()
-                    parts.append(_error_frame("api_error", f"invalid stream from provider: {violation.message}"))
-                    validator.fail()
-                    outcome = Outcome.INVALID_STREAM
-                    break
-                if event.type not in _KNOWN:
-                    metrics.unknown_events.labels(provider, event.type).inc()
-                parts += (frame_header(event.type), event.data, b"\n\n")
-                tally.observe(view)
-                if validator.terminal:
-                    outcome = Outcome.COMPLETED if event.type == "message_stop" else Outcome.UPSTREAM_ERROR
-                    break
-            if parts:
-                yield b"".join(parts)
-            if validator.terminal:
+            views = batch.views
+            failure = b""
+            try:
+                sent = check_all(views)
+            except Violation as violation:
+                metrics.violations.labels(provider, violation.rule).inc()
+                failure = error_frame("api_error", f"invalid stream from provider: {violation.message}")
+                validator.fail()
+                outcome = Outcome.INVALID_STREAM
+                sent = violation.at
+            for view in views if sent == len(views) else views[:sent]:  # track (cheap), then forward
+                etype = view.type
+                if etype == "content_block_delta":
+                    if tally.first_token_at is None:
+                        tally.observe(view)
+                elif etype in _KNOWN:
+                    tally.observe(view)
+                else:
+                    metrics.unknown_events.labels(provider, etype).inc()
+            if validator.state >= State.DONE and outcome is None:
+                outcome = Outcome.COMPLETED if validator.state is State.DONE else Outcome.UPSTREAM_ERROR
+            if sent == len(views) and batch.raw is not None:
+                yield batch.raw
+            elif sent or failure:
+                datas = batch.datas
+                yield b"".join([encode_frame(views[j].type, datas[j]) for j in range(sent)]) + failure
+            if validator.state >= State.DONE:
                 return
             try:
                 batch = await anext(opened.batches)
@@ -154,32 +164,24 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
                 except Violation as violation:
                     metrics.violations.labels(provider, violation.rule).inc()
                     outcome = Outcome.UPSTREAM_ERROR
-                    yield _error_frame("api_error", f"provider {provider!r}: {violation.message}")
+                    yield error_frame("api_error", f"provider {provider!r}: {violation.message}")
                 return
             except StreamInterrupted as exc:
                 outcome = Outcome.TIMEOUT if exc.timeout else Outcome.UPSTREAM_ERROR
-                metrics.upstream_errors.labels(provider, "timeout_error" if exc.timeout else "api_error").inc()
                 kind = "timeout_error" if exc.timeout else "api_error"
-                yield _error_frame(kind, f"provider {provider!r}: {exc}")
+                metrics.upstream_errors.labels(provider, kind).inc()
+                yield error_frame(kind, f"provider {provider!r}: {exc}")
                 return
-    except (asyncio.CancelledError, GeneratorExit):
-        outcome = Outcome.CLIENT_CANCELLED
-        raise
     finally:
-        tally.record(outcome)
+        tally.record(outcome or Outcome.CLIENT_CANCELLED)
         await _close(opened.batches, opened.stream)
 
 
-async def _close(batches: AsyncGenerator[list[WireEvent]], stream: EventStream) -> None:
+async def _close(batches: AsyncGenerator[Batch], stream: EventStream) -> None:
     try:
         await batches.aclose()
     finally:
         await stream.aclose()
-
-
-def _error_frame(error_type: str, message: str) -> bytes:
-    event = error_event(error_type, message)
-    return frame_header(event.type) + event.data + b"\n\n"
 
 
 class _UsageOnly(msgspec.Struct):

@@ -8,7 +8,7 @@ character split across reads needs no special care.
 
 from __future__ import annotations
 
-__all__ = ["SseDecoder", "SseFrame", "encode_frame", "frame_header"]
+__all__ = ["SseDecoder", "SseFrame", "encode_frame", "frame_header", "split_block", "split_canonical"]
 
 
 class SseFrame:
@@ -40,6 +40,12 @@ class SseDecoder:
         self._cr_pending = False  # the previous chunk ended in "\r": a leading "\n" now belongs to it
 
     def feed(self, chunk: bytes) -> list[SseFrame]:
+        block = self.feed_block(chunk)
+        return _parse_frames(block) if block else []
+
+    def feed_block(self, chunk: bytes) -> bytes:
+        """The complete frames a chunk finishes, as one block of bytes (line endings made ``\\n``) that
+        ends in a blank line; ``b""`` when the chunk completed none. Parse it with ``split_block``."""
         if self._cr_pending and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self._cr_pending = False
@@ -50,14 +56,14 @@ class SseDecoder:
         end = buf.rfind(b"\n\n")
         if end < 0:
             self._buf = buf
-            return []
+            return b""
         self._buf = buf[end + 2 :]
-        frames: list[SseFrame] = []
-        for block in buf[:end].split(b"\n\n"):
-            frame = _parse_block(block)
-            if frame is not None:
-                frames.append(frame)
-        return frames
+        if buf[:1] == b"\n":  # blank lines between frames are no frames
+            buf = buf.lstrip(b"\n")
+            end = buf.rfind(b"\n\n")
+            if end < 0:
+                return b""
+        return buf[: end + 2]
 
     def close(self) -> list[SseFrame]:
         """End of input. A frame that was never terminated by a blank line is dropped (as the SDK does);
@@ -69,6 +75,37 @@ class SseDecoder:
     def pending(self) -> bool:
         """Whether bytes of an unfinished frame are buffered."""
         return bool(self._buf.strip(b"\n"))
+
+
+def split_block(block: bytes) -> tuple[list[bytes | None], list[bytes]]:
+    """Event names and data of every frame in a block from ``feed_block``."""
+    frames = _parse_frames(block)
+    return [f.event for f in frames], [f.data for f in frames]
+
+
+def split_canonical(block: bytes) -> tuple[bytes, bytes, int] | None:
+    """For a block in the shape every Claude provider sends — each frame exactly ``event: <name>``,
+    ``data: <json>``, blank line — its event lines joined by ``\\n``, its data as one JSON array, and the
+    frame count; ``None`` for any other shape. Whole-line operations in C, no per-frame Python."""
+    lines = block.split(b"\n")
+    n = len(lines) // 3
+    if len(lines) != 3 * n + 1 or any(lines[2::3]):
+        return None
+    events = b"\n".join(lines[0:-1:3])
+    datas = b"\n".join(lines[1::3])
+    # No line holds a "\n", so "\nevent: " / "\ndata: " can only occur at the start of a line.
+    if (b"\n" + events).count(b"\nevent: ") != n or (b"\n" + datas).count(b"\ndata: ") != n:
+        return None
+    return events, b"[" + datas[6:].replace(b"\ndata: ", b",") + b"]", n
+
+
+def _parse_frames(block: bytes) -> list[SseFrame]:
+    frames: list[SseFrame] = []
+    for part in block.split(b"\n\n"):
+        frame = _parse_block(part)
+        if frame is not None:
+            frames.append(frame)
+    return frames
 
 
 def _parse_block(block: bytes) -> SseFrame | None:

@@ -9,20 +9,20 @@ and delta kinds that agree with the block kind.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import IntEnum
 
 from gateway.events import EventView
 
 __all__ = ["KNOWN_EVENTS", "State", "StreamValidator", "Violation"]
 
 
-class State(Enum):
-    START = "start"  # nothing yet: message_start must come first
-    MESSAGE = "message"  # between blocks
-    BLOCK = "block"  # inside block `open_index`
-    DELTA = "delta"  # message_delta seen: only more message_delta, then message_stop
-    DONE = "done"  # message_stop seen: success, terminal
-    FAILED = "failed"  # error seen (or a violation reported): terminal
+class State(IntEnum):
+    START = 0  # nothing yet: message_start must come first
+    MESSAGE = 1  # between blocks
+    BLOCK = 2  # inside block `open_index`
+    DELTA = 3  # message_delta seen: only more message_delta, then message_stop
+    DONE = 4  # message_stop seen: success, terminal
+    FAILED = 5  # error seen (or a violation reported): terminal
 
 
 class Violation(Exception):
@@ -32,6 +32,7 @@ class Violation(Exception):
         super().__init__(message)
         self.rule = rule
         self.message = message
+        self.at = 0  # the position of the offending event in its batch (see check_all)
 
 
 _S = State
@@ -59,6 +60,10 @@ _TABLE: dict[tuple[State, str], State] = {
 for _state in (_S.START, _S.MESSAGE, _S.BLOCK, _S.DELTA):
     _TABLE[(_state, "ping")] = _state
     _TABLE[(_state, "error")] = _S.FAILED
+# The same table indexed by state first, for the per-event lookup.
+_BY_STATE: tuple[dict[str, State], ...] = tuple(
+    {etype: nxt for (state, etype), nxt in _TABLE.items() if state is s} for s in State
+)
 
 _RULES: dict[str, str] = {
     "message_start": "duplicate_message_start",
@@ -89,6 +94,9 @@ _DELTAS_FOR_BLOCK: dict[str, frozenset[str]] = {
     "container_upload": _NO_DELTAS,
 }
 _KNOWN_DELTAS = frozenset().union(*_DELTAS_FOR_BLOCK.values())
+# Per block kind, the known deltas it must NOT receive (unknown kinds: none are forbidden).
+_FORBIDDEN = {kind: _KNOWN_DELTAS - allowed for kind, allowed in _DELTAS_FOR_BLOCK.items()}
+_NOTHING: frozenset[str] = frozenset()
 
 MAX_BLOCKS = 10_000
 
@@ -96,59 +104,82 @@ MAX_BLOCKS = 10_000
 class StreamValidator:
     """Checks one stream, event by event. ``check`` raises ``Violation``; ``finish`` checks the end."""
 
-    __slots__ = ("block_kind", "next_index", "open_index", "state")
+    __slots__ = ("block_kind", "forbidden", "next_index", "open_index", "state")
 
     def __init__(self) -> None:
         self.state = State.START
         self.next_index = 0
         self.open_index = -1
         self.block_kind = ""
+        self.forbidden = _NOTHING
 
     @property
     def terminal(self) -> bool:
-        return self.state is State.DONE or self.state is State.FAILED
+        return self.state >= State.DONE
 
     def check(self, view: EventView) -> None:
         state = self.state
         etype = view.type
-        nxt = _TABLE.get((state, etype))
+        if state is State.BLOCK and etype == "content_block_delta":  # the hot path: one more delta
+            if view.index != self.open_index:
+                raise Violation("block_index", f"{etype} for index {view.index} while block {self.open_index} is open")
+            delta = view.delta
+            if delta is not None and delta.type in self.forbidden:
+                raise Violation("delta_kind", f"{delta.type} on a {self.block_kind} block")
+            return
+        nxt = _BY_STATE[state].get(etype)
         if nxt is None:
-            if state is State.DONE or state is State.FAILED:
+            if state >= State.DONE:
                 raise Violation("event_after_end", f"{etype or 'untyped'} event after the stream ended")
             if etype in _RULES:
-                raise Violation(_RULES[etype], f"{etype} is not allowed in state {state.value}")
+                raise Violation(_RULES[etype], f"{etype} is not allowed in state {state.name.lower()}")
             if not etype:
-                raise Violation("untyped_event", "event without a type")
+                raise Violation("untyped_event", "event that is not a JSON object with a type")
             return  # an event type newer than this gateway: carried through, state unchanged
-        if state is State.BLOCK or etype == "content_block_start":
-            self._check_block(view, etype)
+        if etype == "content_block_start":
+            self._start_block(view)
+        elif etype == "content_block_stop" and view.index != self.open_index:
+            raise Violation("block_index", f"{etype} for index {view.index} while block {self.open_index} is open")
         self.state = nxt
 
-    def _check_block(self, view: EventView, etype: str) -> None:
+    def check_all(self, views: list[EventView]) -> int:
+        """Check a batch in order. Returns how many of its events may go out: all of them, or up to and
+        including a terminal event. Raises ``Violation`` with ``at`` = the offending event's position.
+        The common event (one more delta of the open block) is checked inline, without a call."""
+        block = State.BLOCK
+        for i, view in enumerate(views):
+            if (
+                view.type == "content_block_delta"
+                and self.state is block
+                and view.index == self.open_index
+                and (view.delta is None or view.delta.type not in self.forbidden)
+            ):
+                continue
+            try:
+                self.check(view)
+            except Violation as violation:
+                violation.at = i
+                raise
+            if self.state >= State.DONE:
+                return i + 1
+        return len(views)
+
+    def _start_block(self, view: EventView) -> None:
         index = view.index
-        if etype == "content_block_start":
-            if index != self.next_index:
-                raise Violation("block_index", f"content_block_start index {index}, expected {self.next_index}")
-            if index >= MAX_BLOCKS:
-                raise Violation("too_many_blocks", f"more than {MAX_BLOCKS} content blocks")
-            self.open_index = index
-            self.next_index = index + 1
-            self.block_kind = view.content_block.type if view.content_block is not None else ""
-            return
-        if etype == "ping" or etype == "error":
-            return
-        if index != self.open_index:
-            raise Violation("block_index", f"{etype} for index {index} while block {self.open_index} is open")
-        if etype == "content_block_delta":
-            dkind = view.delta.type if view.delta is not None else ""
-            allowed = _DELTAS_FOR_BLOCK.get(self.block_kind)
-            if allowed is not None and dkind in _KNOWN_DELTAS and dkind not in allowed:
-                raise Violation("delta_kind", f"{dkind} on a {self.block_kind} block")
+        if index != self.next_index:
+            raise Violation("block_index", f"content_block_start index {index}, expected {self.next_index}")
+        if index >= MAX_BLOCKS:
+            raise Violation("too_many_blocks", f"more than {MAX_BLOCKS} content blocks")
+        self.open_index = index
+        self.next_index = index + 1
+        self.block_kind = view.content_block.type if view.content_block is not None else ""
+        self.forbidden = _FORBIDDEN.get(self.block_kind, _NOTHING)
 
     def finish(self) -> None:
         """The upstream ended. Anything but a finished or failed stream is a truncation."""
-        if not self.terminal:
-            raise Violation("truncated", f"upstream stream ended without message_stop (in state {self.state.value})")
+        if self.state < State.DONE:
+            state = self.state.name.lower()
+            raise Violation("truncated", f"upstream stream ended without message_stop (in state {state})")
 
     def fail(self) -> None:
         """Mark the stream failed (the gateway is ending it with an ``error`` event)."""

@@ -1,0 +1,96 @@
+"""Upstream SSE blocks become batches: canonical blocks are kept as bytes, anything else is re-framed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adapters.base import batch_of_block
+from gateway.events import MALFORMED
+from gateway.sse import SseDecoder, split_block, split_canonical
+
+FIXTURES = sorted((Path(__file__).parent.parent / "fixtures" / "claude").glob("*.sse"))
+
+
+def block_of(body: bytes) -> bytes:
+    return SseDecoder().feed_block(body)
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_recorded_streams_are_canonical_and_kept_as_is(path: Path) -> None:
+    body = path.read_bytes()
+    block = block_of(body)
+    batch = batch_of_block(block)
+    assert batch.raw == block
+    names, datas = split_block(block)
+    assert [v.type for v in batch.views] == [n.decode() for n in names if n is not None]
+    assert batch.datas == datas
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_any_chunking_gives_the_same_events(path: Path, data: st.DataObject) -> None:
+    body = path.read_bytes()
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(body) - 1), max_size=12))))
+    decoder = SseDecoder()
+    types: list[str] = []
+    datas: list[bytes] = []
+    for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True):
+        block = decoder.feed_block(body[a:b])
+        if block:
+            batch = batch_of_block(block)
+            types += [v.type for v in batch.views]
+            datas += batch.datas
+            if batch.raw is not None:
+                assert batch.raw == block
+    whole = batch_of_block(block_of(body))
+    assert types == [v.type for v in whole.views]
+    assert datas == whole.datas
+
+
+def test_single_frame_fast_path() -> None:
+    block = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0}\n\n'
+    batch = batch_of_block(block)
+    assert batch.raw == block and batch.views[0].index == 0
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        b'event: ping\ndata: {"type":"message_stop"}\n\n',  # name and type disagree: re-framed by type
+        b'event: message_stop\ndata: {"type":"message_stop"}\nid: 1\n\n',
+        b': keep-alive\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n',
+        b'data: {"type":"message_stop"}\n\n',
+        b'event: message_stop\ndata:{"type":"message_stop"}\n\n',
+        b'event: a\ndata: {"type":"a"}\n\nevent: message_stop\ndata: {"type":"message_stop"}\nid: 2\n\n',
+    ],
+)
+def test_non_canonical_blocks_are_re_framed(block: bytes) -> None:
+    batch = batch_of_block(block)
+    assert batch.raw is None
+    assert batch.views[-1].type == "message_stop"
+    assert batch.datas[-1] == b'{"type":"message_stop"}'
+
+
+def test_missing_type_takes_the_event_name() -> None:
+    batch = batch_of_block(b"event: message_stop\ndata: {}\n\n")
+    assert batch.views[0].type == "message_stop" and batch.raw is None
+
+
+@pytest.mark.parametrize(
+    "block",
+    [b"event: ping\ndata: {oops\n\n", b'event: ping\ndata: {"type":"ping"}\n\nevent: x\ndata: [1,\n\n'],
+)
+def test_malformed_json_becomes_an_untyped_view(block: bytes) -> None:
+    batch = batch_of_block(block)
+    assert batch.views[-1] is MALFORMED and batch.views[-1].type == ""
+
+
+def test_split_canonical() -> None:
+    block = b'event: a\ndata: {"type":"a"}\n\nevent: b\ndata: {"x":"data: y"}\n\n'
+    assert split_canonical(block) == (b"event: a\nevent: b", b'[{"type":"a"},{"x":"data: y"}]', 2)
+    assert split_canonical(b"event: a\ndata: 1\nid: 3\n\n") is None
