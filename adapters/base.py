@@ -114,23 +114,23 @@ def batch_of_block(block: bytes) -> Batch:
     """The events of a block of complete SSE frames: exact data bytes plus their partial views. The block
     itself is kept as the batch's canonical bytes when every frame is canonical and names its own type."""
     if block.count(b"\n") == 3:  # one frame, the common case for a paced token stream
-        name, sep, data = block[:-2].partition(b"\ndata: ")
-        if sep and name.startswith(b"event: ") and b"\n" not in data:
+        head, sep, data = block[:-2].partition(b"\ndata: ")
+        if sep and head.startswith(b"event: ") and b"\n" not in data:
             try:
-                view = decode_view(data)
+                one = decode_view(data)
             except msgspec.DecodeError:
-                view = MALFORMED
-            if view.type.encode() == name[7:]:
-                return Batch([view], [data], block)
+                one = MALFORMED
+            if one.type.encode() == head[7:]:
+                return Batch([one], [data], block)
     canonical = split_canonical(block)
     if canonical is not None:
-        names, array, count = canonical
+        joined_names, array, count = canonical
         views = decode_views([], array)  # [] when any event is malformed: handled frame by frame below
-        if len(views) == count and names == b"event: " + "\nevent: ".join([v.type for v in views]).encode():
+        if len(views) == count and joined_names == b"event: " + "\nevent: ".join([v.type for v in views]).encode():
             return Batch(views, None, block)
-    names_list, datas = split_block(block)
+    names, datas = split_block(block)
     views = decode_views(datas)
-    for view, name in zip(views, names_list, strict=True):
+    for view, name in zip(views, names, strict=True):
         if not view.type and name and view is not MALFORMED:  # the event name stands in for a missing type
             view.type = name.decode("utf-8", "replace")
     return Batch(views, datas)
