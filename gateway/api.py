@@ -133,7 +133,7 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
     headers = {"request-id": rid, **_SSE_HEADERS, **opened.stream.headers, "x-gateway-provider": tally.provider}
     return Stream(
         pipeline.stream_body(opened, gw.metrics, tally),
-        media_type="text/event-stream; charset=utf-8",
+        media_type="text/event-stream",
         headers=headers,
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -48,6 +49,9 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None, upstream_c
         if not gateway.keys:
             log.warning("auth.keys is empty: the gateway accepts requests without a key")
         app.state.gateway = gateway
+        # Everything built so far lives as long as the process: take it out of the cyclic collector's
+        # scans, so a full collection walks only what requests allocate.
+        gc.freeze()
         try:
             yield
         finally:
