@@ -1,30 +1,22 @@
-"""The HTTP edge: the Messages API's own routes, in its own shapes. No stream logic lives here."""
+"""The Messages API's other routes, in its own shapes, as Litestar handlers (``POST /v1/messages`` itself is
+the plain ASGI endpoint in ``gateway/messages.py``). No stream logic lives here."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from litestar import Request, Response, get, post
 from litestar.exceptions import HTTPException
-from litestar.response import Stream
 
 from gateway import pipeline
-from gateway.errors import (
-    AuthenticationError,
-    GatewayError,
-    NotFound,
-    RequestTooLarge,
-    envelope,
-    error_type_for_status,
-    new_request_id,
-)
+from gateway.edge import authenticate, proxy_request, read_body
+from gateway.errors import GatewayError, NotFound, envelope, error_type_for_status, new_request_id
 from gateway.metrics import CONTENT_TYPE
-from gateway.request import ProxyRequest, parse_count_tokens, parse_messages
+from gateway.request import parse_count_tokens
 from gateway.routing import Route
-from gateway.usage import Outcome, UsageTally
+from gateway.usage import UsageTally
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -33,9 +25,7 @@ __all__ = ["HANDLERS", "exception_handlers"]
 
 log = logging.getLogger("gateway")
 _encode = msgspec.json.Encoder().encode
-_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _JSON = "application/json"
-_CLIENT_KEY_HEADERS = ("x-api-key", "authorization")
 
 
 def _gateway(request: Request[Any, Any, Any]) -> Gateway:
@@ -49,93 +39,9 @@ def _error_response(exc: GatewayError, request_id: str) -> Response[bytes]:
     return Response(exc.render(request_id), status_code=exc.status_code, media_type=_JSON, headers=headers)
 
 
-def _authenticate(gw: Gateway, request: Request[Any, Any, Any]) -> dict[str, str]:
-    """Check the client's key (``x-api-key`` or ``Authorization: Bearer``); return the key headers sent."""
-    headers = request.headers
-    sent = {name: headers[name] for name in _CLIENT_KEY_HEADERS if name in headers}
-    if not gw.keys:
-        return sent
-    candidates = [sent.get("x-api-key", "").encode()]
-    auth = sent.get("authorization", "")
-    if auth[:7].lower() == "bearer ":
-        candidates.append(auth[7:].strip().encode())
-    if not any(candidates):
-        raise AuthenticationError("missing API key: send it as x-api-key or Authorization: Bearer")
-    ok = False
-    for key in gw.keys:  # every comparison runs, in constant time each
-        for candidate in candidates:
-            ok |= hmac.compare_digest(key, candidate)
-    if not ok:
-        raise AuthenticationError("invalid API key")
-    return sent
-
-
 async def _read_body(gw: Gateway, request: Request[Any, Any, Any]) -> bytes:
     limit = gw.settings.server.max_request_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestTooLarge(f"request body is {declared} bytes; the limit is {limit}")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _proxy_request(
-    request: Request[Any, Any, Any], body: bytes, model: str, stream: bool, client_auth: dict[str, str], rid: str
-) -> ProxyRequest:
-    headers = request.headers
-    return ProxyRequest(
-        body=body,
-        model=model,
-        stream=stream,
-        request_id=rid,
-        anthropic_version=headers.get("anthropic-version"),
-        anthropic_beta=headers.get("anthropic-beta"),
-        client_auth=client_auth,
-        beta=request.query_params.get("beta") == "true",
-    )
-
-
-@post("/v1/messages", status_code=200)
-async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
-    gw = _gateway(request)
-    rid = new_request_id()
-    tally = UsageTally(gw.metrics, alias="")
-    route: Route | None = None
-    try:
-        client_auth = _authenticate(gw, request)
-        body = await _read_body(gw, request)
-        head = parse_messages(body)
-        route = gw.routes.resolve(head.model)
-    except GatewayError as exc:
-        tally.record(Outcome.REJECTED)
-        return _error_response(exc, rid)
-    tally.alias = route.alias
-    proxied = _proxy_request(request, body, head.model, bool(head.stream), client_auth, rid)
-    tally.begin()
-    try:
-        if not head.stream:
-            reply = await pipeline.complete(route, proxied, gw.metrics, tally)
-            headers = {"request-id": rid, **reply.headers, "x-gateway-provider": tally.provider}
-            return Response(reply.body, status_code=reply.status, media_type=_JSON, headers=headers)
-        opened = await pipeline.open_stream(route, proxied, gw.metrics, tally)
-    except GatewayError as exc:
-        tally.record(Outcome.TIMEOUT if exc.error_type == "timeout_error" else Outcome.UPSTREAM_ERROR)
-        return _error_response(exc, rid)
-    except BaseException:
-        tally.record(Outcome.CLIENT_CANCELLED)
-        raise
-    headers = {"request-id": rid, **_SSE_HEADERS, **opened.stream.headers, "x-gateway-provider": tally.provider}
-    return Stream(
-        pipeline.stream_body(opened, gw.metrics, tally),
-        media_type="text/event-stream",
-        headers=headers,
-    )
+    return await read_body(request.stream(), request.headers.get("content-length"), limit)
 
 
 @post("/v1/messages/count_tokens", status_code=200)
@@ -143,11 +49,19 @@ async def count_tokens(request: Request[Any, Any, Any]) -> Response[bytes]:
     gw = _gateway(request)
     rid = new_request_id()
     try:
-        client_auth = _authenticate(gw, request)
+        client_auth = authenticate(gw.keys, request.headers)
         body = await _read_body(gw, request)
         head = parse_count_tokens(body)
         route = gw.routes.resolve(head.model)
-        proxied = _proxy_request(request, body, head.model, False, client_auth, rid)
+        proxied = proxy_request(
+            request.headers,
+            request.scope["query_string"].decode("latin-1"),
+            body=body,
+            model=head.model,
+            stream=False,
+            client_auth=client_auth,
+            request_id=rid,
+        )
         tally = UsageTally(gw.metrics, alias=route.alias)
         reply = await pipeline.count_tokens(route, proxied, gw.metrics, tally)
     except GatewayError as exc:
@@ -172,7 +86,7 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     gw = _gateway(request)
     rid = new_request_id()
     try:
-        _authenticate(gw, request)
+        authenticate(gw.keys, request.headers)
     except GatewayError as exc:
         return _error_response(exc, rid)
     params = request.query_params
@@ -202,7 +116,7 @@ async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[
     rid = new_request_id()
     model_id = model_id.lstrip("/")
     try:
-        _authenticate(gw, request)
+        authenticate(gw.keys, request.headers)
         route = gw.routes.resolve(model_id)
     except GatewayError as exc:
         return _error_response(exc, rid)
@@ -242,5 +156,5 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[byt
     )
 
 
-HANDLERS = [create_message, count_tokens, list_models, get_model, healthz, metrics]
+HANDLERS = [count_tokens, list_models, get_model, healthz, metrics]
 exception_handlers: dict[int | type[Exception], Any] = {HTTPException: _http_exception, Exception: _unexpected}

@@ -6,17 +6,19 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from litestar import Litestar
 
 from adapters import Adapter, build_adapter
 from gateway.api import HANDLERS, exception_handlers
+from gateway.messages import messages_endpoint
 from gateway.metrics import Metrics
 from gateway.routing import RouteTable
 from gateway.settings import Settings
 from gateway.upstream import HttpClient, make_client
 
-__all__ = ["Gateway", "create_app"]
+__all__ = ["Gateway", "GatewayApp", "create_app"]
 
 log = logging.getLogger("gateway")
 
@@ -40,7 +42,20 @@ class Gateway:
         await self.client.aclose()
 
 
-def create_app(settings: Settings, *, metrics: Metrics | None = None, upstream_client: str = "aiohttp") -> Litestar:
+class GatewayApp:
+    """The ASGI app: ``POST /v1/messages`` goes straight to its endpoint, everything else to Litestar."""
+
+    def __init__(self, litestar: Litestar) -> None:
+        self.litestar = litestar
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/v1/messages" and scope["method"] == "POST":
+            await messages_endpoint(self.litestar.state.gateway, scope, receive, send)
+        else:
+            await self.litestar(scope, receive, send)  # type: ignore[arg-type]
+
+
+def create_app(settings: Settings, *, metrics: Metrics | None = None, upstream_client: str = "aiohttp") -> GatewayApp:
     metrics = metrics or Metrics()
 
     @asynccontextmanager
@@ -57,11 +72,13 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None, upstream_c
         finally:
             await gateway.aclose()
 
-    return Litestar(
-        route_handlers=HANDLERS,
-        lifespan=[lifespan],
-        exception_handlers=exception_handlers,
-        request_max_body_size=None,
-        logging_config=None,
-        openapi_config=None,
+    return GatewayApp(
+        Litestar(
+            route_handlers=HANDLERS,
+            lifespan=[lifespan],
+            exception_handlers=exception_handlers,
+            request_max_body_size=None,
+            logging_config=None,
+            openapi_config=None,
+        )
     )

@@ -7,17 +7,19 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-
-from litestar import Litestar
+from typing import TYPE_CHECKING
 
 from gateway.settings import ConfigError, default_config_path, load_settings
+
+if TYPE_CHECKING:
+    from gateway.app import GatewayApp
 
 __all__ = ["app_from_env", "main"]
 
 _CONFIG_ENV = "MESSAGES_GATEWAY_CONFIG"
 
 
-def app_from_env() -> Litestar:
+def app_from_env() -> GatewayApp:
     """The uvicorn factory: every worker process builds its own app from the same config file."""
     from gateway.app import create_app
 

@@ -45,9 +45,7 @@ class OpenStream:
 
     __slots__ = ("batches", "first", "stream", "target")
 
-    def __init__(
-        self, target: Target, stream: EventStream, batches: AsyncGenerator[Batch], first: Batch
-    ) -> None:
+    def __init__(self, target: Target, stream: EventStream, batches: AsyncGenerator[Batch], first: Batch) -> None:
         self.target = target
         self.stream = stream
         self.batches = batches

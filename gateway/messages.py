@@ -1,0 +1,135 @@
+"""``POST /v1/messages`` as a plain ASGI endpoint.
+
+Every token a company streams passes here, so this one route skips the framework's request and
+response machinery (Litestar's per-request task group, handler signature and response objects
+measured ~0.15-0.3 ms per stream, a large share of the whole per-stream budget; see
+docs/benchmarks.md). The other routes stay Litestar handlers (``gateway/api.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from gateway import pipeline
+from gateway.edge import authenticate, proxy_request, read_body
+from gateway.errors import GatewayError, new_request_id
+from gateway.request import parse_messages
+from gateway.usage import Outcome, UsageTally
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+__all__ = ["messages_endpoint"]
+
+Scope = dict[str, Any]
+Receive = Any
+Send = Any
+
+_JSON_TYPE = (b"content-type", b"application/json")
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+
+
+def _encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+
+
+async def _send_json(send: Send, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+    raw = [_JSON_TYPE, (b"content-length", str(len(body)).encode()), *_encode_headers(headers)]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _send_error(send: Send, exc: GatewayError, request_id: str) -> None:
+    headers = {"request-id": request_id, **exc.headers}
+    await _send_json(send, exc.status_code, exc.render(request_id), headers)
+
+
+async def _body_chunks(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError("client disconnected while sending the request")
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
+
+
+async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
+    headers = _headers(scope)
+    rid = new_request_id()
+    tally = UsageTally(gw.metrics, alias="")
+    try:
+        client_auth = authenticate(gw.keys, headers)
+        limit = gw.settings.server.max_request_bytes
+        body = await read_body(_body_chunks(receive), headers.get("content-length"), limit)
+        head = parse_messages(body)
+        route = gw.routes.resolve(head.model)
+    except GatewayError as exc:
+        tally.record(Outcome.REJECTED)
+        await _send_error(send, exc, rid)
+        return
+    tally.alias = route.alias
+    stream = bool(head.stream)
+    query = scope.get("query_string", b"").decode("latin-1")
+    request = proxy_request(
+        headers, query, body=body, model=head.model, stream=stream, client_auth=client_auth, request_id=rid
+    )
+    tally.begin()
+    try:
+        if not stream:
+            reply = await pipeline.complete(route, request, gw.metrics, tally)
+            await _send_json(
+                send,
+                reply.status,
+                reply.body,
+                {"request-id": rid, **reply.headers, "x-gateway-provider": tally.provider},
+            )
+            return
+        opened = await pipeline.open_stream(route, request, gw.metrics, tally)
+    except GatewayError as exc:
+        tally.record(Outcome.TIMEOUT if exc.error_type == "timeout_error" else Outcome.UPSTREAM_ERROR)
+        await _send_error(send, exc, rid)
+        return
+    except BaseException:
+        tally.record(Outcome.CLIENT_CANCELLED)
+        raise
+    extra = {"request-id": rid, **opened.stream.headers, "x-gateway-provider": tally.provider}
+    await _stream(send, receive, pipeline.stream_body(opened, gw.metrics, tally), _SSE_HEADERS + _encode_headers(extra))
+
+
+async def _stream(send: Send, receive: Receive, body: Any, headers: list[tuple[bytes, bytes]]) -> None:
+    """Send the SSE body, one ASGI message per chunk; a client that goes away cancels the pump (which
+    closes the upstream response in the body generator's ``finally``)."""
+    task = asyncio.current_task()
+    assert task is not None
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        async for chunk in body:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except asyncio.CancelledError:
+        if not (watcher.done() and not watcher.cancelled() and watcher.result()):
+            raise  # cancelled from elsewhere (server shutdown): not ours to swallow
+        task.uncancel()
+    finally:
+        watcher.cancel()
+        await body.aclose()
+
+
+async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any]) -> bool:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            task.cancel()
+            return True
