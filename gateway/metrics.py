@@ -16,6 +16,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._children: dict[tuple[str, str, str, str], _Children] = {}
         r = self.registry
         self.requests = Counter(
             "gateway_requests", "Requests by outcome.", ["alias", "provider", "model", "outcome"], registry=r
@@ -65,19 +66,40 @@ class Metrics:
         duration: float,
         time_to_first_token: float | None,
     ) -> None:
-        self.requests.labels(alias, provider, model, outcome).inc()
-        for kind, value in (
-            ("input", usage.input_tokens),
-            ("output", usage.output_tokens),
-            ("cache_read", usage.cache_read_input_tokens),
-            ("cache_creation", usage.cache_creation_input_tokens),
-        ):
-            if value:
-                self.tokens.labels(alias, provider, model, kind).inc(value)
+        children = self._children.get((alias, provider, model, outcome))
+        if children is None:
+            children = self._children[(alias, provider, model, outcome)] = _Children(
+                self, alias, provider, model, outcome
+            )
+        children.requests.inc()
+        if usage.input_tokens:
+            children.input.inc(usage.input_tokens)
+        if usage.output_tokens:
+            children.output.inc(usage.output_tokens)
+        if usage.cache_read_input_tokens:
+            children.cache_read.inc(usage.cache_read_input_tokens)
+        if usage.cache_creation_input_tokens:
+            children.cache_creation.inc(usage.cache_creation_input_tokens)
         if provider:
-            self.duration.labels(alias, provider).observe(duration)
+            children.duration.observe(duration)
             if time_to_first_token is not None:
-                self.ttft.labels(alias, provider).observe(time_to_first_token)
+                children.ttft.observe(time_to_first_token)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Children:
+    """The labelled children one kind of request writes to, looked up once (``labels()`` is not free)."""
+
+    __slots__ = ("cache_creation", "cache_read", "duration", "input", "output", "requests", "ttft")
+
+    def __init__(self, metrics: Metrics, alias: str, provider: str, model: str, outcome: str) -> None:
+        self.requests = metrics.requests.labels(alias, provider, model, outcome)
+        tokens = metrics.tokens
+        self.input = tokens.labels(alias, provider, model, "input")
+        self.output = tokens.labels(alias, provider, model, "output")
+        self.cache_read = tokens.labels(alias, provider, model, "cache_read")
+        self.cache_creation = tokens.labels(alias, provider, model, "cache_creation")
+        self.duration = metrics.duration.labels(alias, provider)
+        self.ttft = metrics.ttft.labels(alias, provider)
