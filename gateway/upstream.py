@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Protocol
 
 import aiohttp
@@ -39,11 +40,12 @@ class StreamInterrupted(Exception):
 
 
 class Timeouts:
-    __slots__ = ("connect", "read")
+    __slots__ = ("aiohttp", "connect", "read")
 
     def __init__(self, connect: float, read: float) -> None:
         self.connect = connect
         self.read = read
+        self.aiohttp: aiohttp.ClientTimeout | None = None  # built once, on first use
 
 
 class UpstreamResponse(Protocol):
@@ -122,6 +124,9 @@ class AiohttpClient:
     def __init__(self) -> None:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            # A gateway must never carry one client's provider cookies into another client's request
+            # (and skipping the jar saves a filter pass per request).
+            cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=True,
             skip_auto_headers=("User-Agent",),
             timeout=aiohttp.ClientTimeout(total=None),
@@ -130,7 +135,11 @@ class AiohttpClient:
     async def send(
         self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None, timeouts: Timeouts
     ) -> UpstreamResponse:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect, sock_read=timeouts.read)
+        timeout = timeouts.aiohttp
+        if timeout is None:
+            timeout = timeouts.aiohttp = aiohttp.ClientTimeout(
+                total=None, sock_connect=timeouts.connect, sock_read=timeouts.read
+            )
         try:
             resp = await self._session.request(method, url, headers=headers, data=body, timeout=timeout)
         except TimeoutError as exc:
@@ -188,7 +197,10 @@ class HttpxClient:
     """httpx on its default transport (httpcore + h11)."""
 
     def __init__(self) -> None:
-        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=100))
+        self._client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
+            cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),  # keep no cookies (see above)
+        )
 
     async def send(
         self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None, timeouts: Timeouts
