@@ -1,0 +1,936 @@
+"""``python -m bench.run``: direct-to-upstream and through-the-gateway, measured side by side.
+
+The fake upstream (:mod:`bench.upstream`) and this process (the load generator, :mod:`bench.loadgen`)
+run pinned to one core, the gateway to the other (``taskset``). Every scenario runs the same load
+twice, first straight at the upstream, then through the gateway (and, with ``--litellm``, through
+LiteLLM's proxy), and reports both with their ratio, the gateway's CPU per stream / request / event
+(utime + stime of its process tree from ``/proc``), its peak RSS, and the upstream's own CPU per
+request. Results go to ``bench/results/<timestamp>.{json,md}``. See ``bench/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fnmatch
+import json
+import os
+import platform
+import re
+import resource
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import procstat
+from bench.loadgen import Load, PhaseResult, Target, run_phase
+
+__all__ = ["SCENARIOS", "Scenario", "main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+HOST = "127.0.0.1"
+
+# --- scenarios -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    kind: str  # burst | paced | json | ttft | mem | soak
+    model: str
+    concurrency: int
+    about: str
+    stream: bool = True
+    warmup_s: tuple[float, float] = (1.0, 0.5)  # (full run, --quick)
+    duration_s: tuple[float, float] = (8.0, 2.5)
+    ramp_s: tuple[float, float] = (0.0, 0.0)
+    per: str = "stream"  # the unit of the gateway's CPU figure: stream | request | event
+    litellm: bool = False  # also run against LiteLLM with --litellm
+    fresh: bool = False  # restart the gateway first, so its memory figures are this scenario's alone
+
+
+def _burst(c: int) -> Scenario:
+    about = f"{c} concurrent 200-delta streams, the whole stream in one upstream write"
+    return Scenario(f"burst-c{c}", "burst", "bench-d200", c, about, litellm=c <= 10)  # LiteLLM: ~4 streams/s
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    *(_burst(c) for c in (1, 10, 50, 200)),
+    Scenario(
+        "paced1-c10", "paced", "bench-d200-p1", 10, "200-delta streams, 1 ms between events", per="event",
+        warmup_s=(1.5, 1.0), duration_s=(8.0, 3.0),
+    ),
+    Scenario(
+        "paced1-c50", "paced", "bench-d200-p1", 50, "200-delta streams, 1 ms between events", per="event",
+        warmup_s=(1.5, 1.0), duration_s=(8.0, 3.0),
+    ),
+    Scenario(
+        "paced5-c10", "paced", "bench-d200-p5", 10, "200-delta streams, 5 ms between events", per="event",
+        warmup_s=(2.5, 1.5), duration_s=(10.0, 4.0),
+    ),
+    Scenario(
+        "json-c10", "json", "bench-d200", 10, "non-streamed requests (the same 200-token answer as JSON)",
+        stream=False, per="request", litellm=True,
+    ),
+    Scenario(
+        "ttft-c1", "ttft", "bench-d200", 1, "C=1, repeats of 200 streams each: added time to first token",
+        litellm=True,
+    ),
+    Scenario(
+        "mem-c200", "mem", "bench-d200-p5", 200, "200 concurrent paced streams (~1 s each): peak RSS",
+        per="event", warmup_s=(2.5, 2.0), duration_s=(8.0, 4.0), ramp_s=(0.5, 0.5), fresh=True,
+    ),
+    Scenario(
+        "mem-c1000", "mem", "bench-d20-p100", 1000, "1,000 concurrent slow streams (100 ms/event, ~2.5 s): peak RSS",
+        per="event", warmup_s=(3.0, 2.0), duration_s=(10.0, 5.0), ramp_s=(2.0, 1.0), fresh=True,
+    ),
+    Scenario(
+        "soak", "soak", "bench-d200-p5", 50, "C=50 paced streams for --soak-seconds: RSS growth",
+        per="event", warmup_s=(5.0, 2.0), fresh=True,
+    ),
+)  # fmt: skip
+BY_NAME = {s.name: s for s in SCENARIOS}
+DEFAULT = [s.name for s in SCENARIOS]
+
+
+# --- child processes --------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for children: no proxies (only 127.0.0.1 is ever contacted)."""
+    env = {k: v for k, v in os.environ.items() if k.lower() not in {"http_proxy", "https_proxy", "all_proxy"}}
+    env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env.update(extra or {})
+    return env
+
+
+class Proc:
+    """A child process pinned to a core, with its log and its process tree's CPU and memory."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, *, cpu: int | None, env: dict[str, str]) -> None:
+        self.name = name
+        self.argv = (["taskset", "-c", str(cpu)] if cpu is not None else []) + argv
+        self.log = log
+        self.env = env
+        self.popen: subprocess.Popen[bytes] | None = None
+        self._pids: list[int] = []
+        self._pids_at = 0.0
+        self.starts = 0
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            log.write(f"\n--- start {datetime.now(UTC).isoformat()}: {shlex.join(self.argv)}\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT, start_new_session=True
+            )
+        self.starts += 1
+        self._pids = []
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def pids(self, max_age: float = 2.0) -> list[int]:
+        now = time.monotonic()
+        if not self._pids or now - self._pids_at > max_age:
+            self._pids, self._pids_at = procstat.tree(self.pid), now
+        return self._pids
+
+    def cpu(self) -> float:
+        return procstat.cpu_seconds(self.pids(max_age=0.0))
+
+    def cpu_split(self) -> tuple[float, float]:
+        return procstat.cpu_split(self.pids(max_age=0.0))
+
+    def rss(self) -> procstat.TreeSample:
+        return procstat.rss(self.pids())
+
+    def stop(self) -> None:
+        if self.popen is None:
+            return
+        pids = procstat.tree(self.pid) if self.alive() else []
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=5)
+        for pid in pids[1:]:  # workers left behind, by their own ids
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+async def http_get(port: int, path: str, *, headers: dict[str, str] | None = None, limit_s: float = 5.0) -> bytes:
+    """A one-off GET to 127.0.0.1 (no proxy logic anywhere near it); raises unless the status is 200."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(HOST, port), limit_s)
+    try:
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        writer.write(f"GET {path} HTTP/1.1\r\nhost: {HOST}:{port}\r\n{extra}connection: close\r\n\r\n".encode())
+        raw = await asyncio.wait_for(reader.read(-1), limit_s)
+    finally:
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if not head.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")):
+        raise ConnectionError(head.split(b"\r\n", 1)[0].decode(errors="replace") or "no answer")
+    if b"transfer-encoding: chunked" in head.lower():
+        body = _dechunk(body)
+    return body
+
+
+def _dechunk(body: bytes) -> bytes:
+    out, rest = [], body
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0] or b"0", 16)
+        if size == 0:
+            break
+        out.append(rest[:size])
+        rest = rest[size + 2 :]
+    return b"".join(out)
+
+
+async def wait_ready(proc: Proc, port: int, path: str, limit_s: float, headers: dict[str, str] | None = None) -> None:
+    deadline = time.monotonic() + limit_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited with {proc.popen and proc.popen.returncode}:\n{proc.log_tail()}")
+        try:
+            await http_get(port, path, headers=headers, limit_s=2.0)
+            return
+        except (OSError, ConnectionError, TimeoutError) as exc:
+            last = exc
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{proc.name} not ready on port {port} after {limit_s:.0f} s ({last}):\n{proc.log_tail()}")
+
+
+def gateway_config(port: int, upstream_port: int) -> str:
+    return (
+        f"server: {{host: {HOST}, port: {port}}}\n"
+        "auth: {keys: []}\n"
+        "providers:\n"
+        f'  up: {{kind: anthropic, api_key: bench, base_url: "http://{HOST}:{upstream_port}"}}\n'
+        "models:\n"
+        '  "*": {targets: [{provider: up}]}\n'
+    )
+
+
+def gateway_argv(config: Path, port: int, workers: int) -> list[str]:
+    exe = Path(sys.executable).parent / "messages-gateway"
+    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
+    return [*base, "serve", "--config", str(config), "--port", str(port), "--workers", str(workers)]
+
+
+# --- measuring ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class System:
+    """What is running: the upstream, the systems under test, the cores."""
+
+    upstream: Proc
+    upstream_port: int
+    load_cpu: int | None
+    sut_cpu: int | None
+    suts: dict[str, tuple[Proc, Target]] = field(default_factory=dict)  # gateway, litellm
+    restart: dict[str, Callable[[], Awaitable[None]]] = field(default_factory=dict)
+    crashes: list[dict[str, str]] = field(default_factory=list)
+
+    def direct(self) -> Target:
+        return Target("direct", HOST, self.upstream_port)
+
+
+class RssSampler:
+    """Samples a process tree's summed VmRSS in the background; keeps the peak (and a series if asked)."""
+
+    def __init__(self, proc: Proc, interval: float, keep_series: bool = False) -> None:
+        self.proc = proc
+        self.interval = interval
+        self.keep_series = keep_series
+        self.peak_kb = 0
+        self.series: list[tuple[float, int]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._t0 = time.perf_counter()
+
+    def sample(self) -> int:
+        kb = self.proc.rss().rss_kb
+        self.peak_kb = max(self.peak_kb, kb)
+        if self.keep_series:
+            self.series.append((round(time.perf_counter() - self._t0, 2), kb))
+        return kb
+
+    async def _run(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(self.interval)
+
+    def __enter__(self) -> RssSampler:
+        self._t0 = time.perf_counter()
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self.sample()
+
+
+def _mb(kb: int | None) -> float | None:
+    return None if kb is None else round(kb / 1024.0, 1)
+
+
+async def measure(
+    system: System, target_name: str, load: Load, *, label: str, rss_interval: float = 0.2
+) -> dict[str, Any]:
+    """One phase against ``direct`` or a system under test, with CPU and memory figures around it."""
+    sut: Proc | None = None
+    if target_name == "direct":
+        target = system.direct()
+    else:
+        sut, target = system.suts[target_name]
+        if not sut.alive():
+            system.crashes.append({"target": target_name, "before": label, "log": sut.log_tail()})
+            restart = system.restart.get(target_name)
+            if restart is None:
+                dead = PhaseResult(target=target_name, model=load.model, concurrency=load.concurrency, errors=1)
+                dead.error_samples.append(f"{target_name} is not running (exit code {sut.popen and sut.popen.poll()})")
+                return dead.summary()
+            await restart()
+    up = system.upstream
+
+    async def snapshot() -> dict[str, Any]:
+        snap: dict[str, Any] = {
+            "t": time.perf_counter(),
+            "upstream_cpu": up.cpu(),
+            "cores": procstat.core_busy_seconds(),
+        }
+        if sut is not None:
+            snap["sut_user"], snap["sut_sys"] = sut.cpu_split()
+            snap["sut_cpu"] = snap["sut_user"] + snap["sut_sys"]
+        try:
+            stats = json.loads(await http_get(system.upstream_port, "/cpu", limit_s=2.0))
+            snap |= {"upstream_requests": stats["requests"], "upstream_connections": stats["connections"]}
+        except (OSError, ConnectionError, TimeoutError, ValueError, KeyError):
+            pass
+        return snap
+
+    before_kb = peak_reset = None
+    if sut is not None:
+        before_kb = sut.rss().rss_kb
+        peak_reset = procstat.reset_peak(sut.pids(max_age=0.0))
+    sampler = RssSampler(sut, rss_interval) if sut is not None else None
+    with sampler or contextlib.nullcontext():
+        result = await run_phase(target, load, on_window_start=snapshot, on_window_end=snapshot)
+    out = result.summary()
+    start, end = result.hooks["start"], result.hooks["end"]
+    window = result.window_s or 1e-9
+    up_cpu = end["upstream_cpu"] - start["upstream_cpu"]
+    out["upstream_cpu_s"] = round(up_cpu, 3)
+    out["upstream_us_per_request"] = _per(up_cpu * 1e6, result.completed)
+    if "upstream_requests" in start and "upstream_requests" in end:
+        out["upstream_requests"] = end["upstream_requests"] - start["upstream_requests"]
+        # new connections the upstream accepted in the window (less the closing /cpu probe's own)
+        out["upstream_new_connections"] = end["upstream_connections"] - start["upstream_connections"] - 1
+    out["load_core_busy_pct"] = round(100.0 * (up_cpu + result.load_cpu_s) / window, 1)
+    # Everything else that ran on the two cores in the window (another benchmark, a test run…): if it is
+    # more than a few %, the figures of this phase are not to be trusted.
+    cores = {c: end["cores"].get(c, 0.0) - start["cores"].get(c, 0.0) for c in start["cores"]}
+    ours = {system.load_cpu: up_cpu + result.load_cpu_s}
+    if sut is not None:
+        ours[system.sut_cpu] = ours.get(system.sut_cpu, 0.0) + end["sut_cpu"] - start["sut_cpu"]
+    foreign = {c: max(0.0, cores.get(c, 0.0) - ours.get(c, 0.0)) for c in (system.sut_cpu, system.load_cpu)}
+    out["foreign_busy_pct"] = {str(c): round(100.0 * v / window, 1) for c, v in foreign.items() if c is not None}
+    if sut is not None and sampler is not None:
+        cpu = end["sut_cpu"] - start["sut_cpu"]
+        hwm_kb = sut.rss().hwm_kb if peak_reset else None
+        out |= {
+            "cpu_s": round(cpu, 3),
+            "core_busy_pct": round(100.0 * cpu / window, 1),
+            "kernel_pct_of_cpu": round(100.0 * (end["sut_sys"] - start["sut_sys"]) / cpu, 1) if cpu else None,
+            "cpu_ms_per_request": _per(cpu * 1e3, result.completed),
+            "cpu_us_per_event": _per(cpu * 1e6, result.events),
+            "rss_before_mb": _mb(before_kb),
+            "rss_peak_sampled_mb": _mb(sampler.peak_kb),
+            "rss_hwm_mb": _mb(hwm_kb),
+            "rss_peak_mb": _mb(max(sampler.peak_kb, hwm_kb or 0)),
+            "alive_after": sut.alive(),
+        }
+    return out
+
+
+def _per(total: float, count: int) -> float | None:
+    return round(total / count, 3) if count else None
+
+
+# --- scenarios --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    quick: bool
+    soak_s: float
+    ttft_repeats: int
+    ttft_requests: int
+    litellm: bool
+
+
+def _load(s: Scenario, opts: Options, **over: Any) -> Load:
+    i = 1 if opts.quick else 0
+    kw: dict[str, Any] = {
+        "model": s.model,
+        "stream": s.stream,
+        "concurrency": s.concurrency,
+        "duration_s": s.duration_s[i],
+        "warmup_s": s.warmup_s[i],
+        "ramp_s": s.ramp_s[i],
+    }
+    kw.update(over)
+    return Load(**kw)
+
+
+def _targets(system: System, s: Scenario) -> list[str]:
+    return [name for name in system.suts if name == "gateway" or (name == "litellm" and s.litellm)]
+
+
+async def run_scenario(system: System, s: Scenario, opts: Options) -> dict[str, Any]:
+    if s.kind == "ttft":
+        return await _run_ttft(system, s, opts)
+    if s.kind == "soak":
+        return await _run_soak(system, s, opts)
+    phases = {"direct": await measure(system, "direct", _load(s, opts), label=s.name)}
+    for name in _targets(system, s):
+        await asyncio.sleep(0.3)
+        load = _load(s, opts)
+        if name == "litellm":  # ~50 ms of CPU per stream: a short window would complete none at C >= 10
+            load = _load(s, opts, duration_s=max(10.0, load.duration_s or 0.0), warmup_s=max(2.0, load.warmup_s))
+        phases[name] = await measure(system, name, load, label=s.name)
+    return {"scenario": s.name, "kind": s.kind, "about": s.about, "per": s.per, "phases": phases}
+
+
+async def _run_ttft(system: System, s: Scenario, opts: Options) -> dict[str, Any]:
+    load = _load(s, opts, duration_s=None, requests=opts.ttft_requests, warmup_requests=20, warmup_s=0.0, drain_s=10.0)
+    names = ["direct", *_targets(system, s)]
+    repeats: list[dict[str, Any]] = []
+    for _ in range(opts.ttft_repeats):
+        repeats.append({name: await measure(system, name, load, label=s.name) for name in names})
+    phases: dict[str, Any] = {}
+    for name in names:
+        runs = [r[name] for r in repeats]
+        p50s = [r["ttft_ms"]["p50"] for r in runs if r["ttft_ms"]["p50"] is not None]
+        merged = dict(runs[-1])
+        merged["ttft_p50_repeats_ms"] = p50s
+        for key in ("ttfb_ms", "ttft_ms", "total_ms"):  # each percentile: its median over the repeats
+            merged[key] = {
+                q: _median([r[key][q] for r in runs if r[key][q] is not None]) for q in ("p50", "p90", "p99")
+            }
+        merged["errors"] = sum(r["errors"] for r in runs)
+        merged["error_samples"] = [e for r in runs for e in r["error_samples"]][:5]
+        # Each repeat's window is short (~0.3 s against 4 ms CPU ticks): CPU figures are summed over repeats.
+        window = sum(r["window_s"] for r in runs) or 1e-9
+        completed = sum(r["completed"] for r in runs)
+        load_cpu = sum(r["upstream_cpu_s"] + r["load_cpu_s"] for r in runs)
+        merged |= {
+            "window_s": round(window, 3),
+            "completed": completed,
+            "rps": round(completed / window, 1),
+            "load_core_busy_pct": round(100.0 * load_cpu / window, 1),
+            "upstream_us_per_request": _per(sum(r["upstream_cpu_s"] for r in runs) * 1e6, completed),
+        }
+        if name != "direct":
+            cpu = sum(r["cpu_s"] for r in runs)
+            merged |= {
+                "cpu_s": round(cpu, 3),
+                "cpu_ms_per_request": _per(cpu * 1e3, completed),
+                "core_busy_pct": round(100.0 * cpu / window, 1),
+            }
+        phases[name] = merged
+        if name != "direct":
+            added = [
+                round(r[name]["ttft_ms"]["p50"] - r["direct"]["ttft_ms"]["p50"], 3)
+                for r in repeats
+                if r[name]["ttft_ms"]["p50"] is not None and r["direct"]["ttft_ms"]["p50"] is not None
+            ]
+            merged["added_ttft_p50_repeats_ms"] = added
+            merged["added_ttft_p50_ms"] = _median(added)
+    return {"scenario": s.name, "kind": s.kind, "about": s.about, "per": s.per, "phases": phases, "repeats": repeats}
+
+
+async def _run_soak(system: System, s: Scenario, opts: Options) -> dict[str, Any]:
+    direct_s = max(5.0, min(30.0, opts.soak_s / 4))
+    phases = {"direct": await measure(system, "direct", _load(s, opts, duration_s=direct_s), label=s.name)}
+    sut, _ = system.suts["gateway"]
+    interval = min(5.0, max(1.0, opts.soak_s / 20))
+    series_sampler = RssSampler(sut, interval, keep_series=True)
+    with series_sampler:
+        phases["gateway"] = await measure(system, "gateway", _load(s, opts, duration_s=opts.soak_s), label=s.name)
+    series = series_sampler.series
+    warm = _load(s, opts).warmup_s + _load(s, opts).ramp_s
+    base_window = min(60.0, opts.soak_s / 4)
+    base = [kb for t, kb in series if warm <= t <= warm + base_window] or [kb for _, kb in series[:1]]
+    base_kb = statistics.median(base) if base else 0
+    end_kb = series[-1][1] if series else 0
+    phases["gateway"] |= {
+        "rss_series_mb": [(t, _mb(kb)) for t, kb in series],
+        "rss_baseline_mb": _mb(int(base_kb)),
+        "rss_baseline_window_s": [round(warm, 1), round(warm + base_window, 1)],
+        "rss_end_mb": _mb(end_kb),
+        "rss_growth_pct": round(100.0 * (end_kb - base_kb) / base_kb, 2) if base_kb else None,
+        "soak_s": opts.soak_s,
+        "sample_interval_s": interval,
+    }
+    return {"scenario": s.name, "kind": s.kind, "about": s.about, "per": s.per, "phases": phases}
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+# --- report -------------------------------------------------------------------------------------------------
+
+
+def machine_facts() -> dict[str, Any]:
+    model = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "gateway", "adapters"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        commit += " (gateway/adapters modified)" if dirty else ""
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "commit": commit,
+    }
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}{unit}"
+    return f"{value:,}{unit}" if isinstance(value, int) else f"{value}{unit}"
+
+
+def _headline(entry: dict[str, Any], name: str) -> tuple[str, Any, Any, str, str, str]:
+    """(metric, direct value, sut value, ratio, sut CPU per unit, added TTFT p50) for the summary table."""
+    d, g = entry["phases"]["direct"], entry["phases"][name]
+    kind = entry["kind"]
+    if kind in ("paced", "mem", "soak"):
+        metric, dv, gv = "events/s", d["events_per_s"], g["events_per_s"]
+    elif kind == "ttft":
+        metric, dv, gv = "TTFT p50 ms", d["ttft_ms"]["p50"], g["ttft_ms"]["p50"]
+    else:
+        metric, dv, gv = ("streams/s" if entry["per"] == "stream" else "requests/s"), d["rps"], g["rps"]
+    ratio = f"{gv / dv:.2f}" if dv and gv is not None else "—"
+    if entry["per"] == "event":
+        cpu = f"{_fmt(g.get('cpu_us_per_event'), ' µs/event')} ({_fmt(g.get('cpu_ms_per_request'), ' ms/stream', 2)})"
+    else:
+        cpu = _fmt(g.get("cpu_ms_per_request"), f" ms/{entry['per']}", 3)
+    if kind == "ttft":
+        added = _fmt(g.get("added_ttft_p50_ms"), " ms", 3)
+    else:
+        dp, gp = d["ttft_ms"]["p50"], g["ttft_ms"]["p50"]
+        added = _fmt(gp - dp, " ms", 3) if dp is not None and gp is not None else "—"
+    return metric, dv, gv, ratio, cpu, added
+
+
+def _summary_table(results: list[dict[str, Any]], name: str) -> list[str]:
+    label = "gateway" if name == "gateway" else name
+    lines = [
+        f"| scenario | metric | direct | {label} | ratio | {label} CPU | added TTFT p50 | {label} peak RSS "
+        "| core busy (sut / load) | errors (direct / {0}) |".replace("{0}", label),
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for entry in results:
+        if name not in entry["phases"]:
+            continue
+        metric, dv, gv, ratio, cpu, added = _headline(entry, name)
+        d, g = entry["phases"]["direct"], entry["phases"][name]
+        lines.append(
+            f"| {entry['scenario']} | {metric} | {_fmt(dv)} | {_fmt(gv)} | {ratio} | {cpu} | {added} "
+            f"| {_fmt(g.get('rss_peak_mb'), ' MB')} | {_fmt(g.get('core_busy_pct'), '%', 0)} / "
+            f"{_fmt(g.get('load_core_busy_pct'), '%', 0)} | {d['errors']} / {g['errors']} |"
+        )
+    return lines
+
+
+def _busy(phase: dict[str, Any]) -> str:
+    busy = _fmt(phase.get("core_busy_pct"), "%", 0)
+    kernel = phase.get("kernel_pct_of_cpu")
+    return busy if kernel is None else f"{busy} ({kernel:.0f}%)"
+
+
+def _foreign(phase: dict[str, Any]) -> str:
+    values = phase.get("foreign_busy_pct") or {}
+    return " / ".join(f"{v:.0f}%" for _, v in sorted(values.items())) or "—"
+
+
+def _disturbed(results: list[dict[str, Any]], limit: float = 10.0) -> list[str]:
+    """Phases during which something outside this benchmark kept a core busy."""
+    out = []
+    for entry in results:
+        for name, p in entry["phases"].items():
+            worst = max((p.get("foreign_busy_pct") or {}).values(), default=0.0)
+            if worst > limit:
+                out.append(f"{entry['scenario']} / {name} ({worst:.0f}%)")
+    return out
+
+
+def _detail_table(results: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| scenario | target | req/s | events/s | TTFB p50 / p90 / p99 ms | TTFT p50 / p90 / p99 ms | total p50 ms "
+        "| sut core (kernel share) | load core | other load on cores 0 / 1 | upstream µs/req | upstream new conns "
+        "| errors |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for entry in results:
+        for name, p in entry["phases"].items():
+            tb, tt = p["ttfb_ms"], p["ttft_ms"]
+            lines.append(
+                f"| {entry['scenario']} | {name} | {_fmt(p['rps'])} | {_fmt(p['events_per_s'], digits=0)} "
+                f"| {_fmt(tb['p50'], digits=2)} / {_fmt(tb['p90'], digits=2)} / {_fmt(tb['p99'], digits=2)} "
+                f"| {_fmt(tt['p50'], digits=2)} / {_fmt(tt['p90'], digits=2)} / {_fmt(tt['p99'], digits=2)} "
+                f"| {_fmt(p['total_ms']['p50'], digits=2)} | {_busy(p)} "
+                f"| {_fmt(p.get('load_core_busy_pct'), '%', 0)} | {_foreign(p)} "
+                f"| {_fmt(p.get('upstream_us_per_request'), digits=0)} "
+                f"| {_fmt(p.get('upstream_new_connections'))} | {p['errors']} |"
+            )
+    return lines
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    m, cfg = report["machine"], report["config"]
+    results = report["results"]
+    out = [
+        f"# messages-gateway benchmark — {report['started']}",
+        "",
+        f"Command: `{report['command']}`",
+        "",
+        f"Machine: {m['nproc']} cores, {m['cpu_model']}, Python {m['python']}, Linux {m['kernel']}; "
+        f"gateway commit {m['commit']}.",
+        f"Gateway: {cfg['workers']} worker(s), upstream client `{cfg['upstream_client']}`, pinned to core "
+        f"{cfg['gateway_cpu']}; fake upstream + load generator pinned to core {cfg['load_cpu']}. "
+        f"Gateway idle RSS {_fmt(report.get('gateway_idle_rss_mb'), ' MB')}.",
+        "",
+        "## Gateway vs direct",
+        "",
+        *_summary_table(results, "gateway"),
+        "",
+        "CPU = the gateway process tree's utime+stime over the measured window divided by the streams/requests "
+        "completed (or SSE events delivered) in it. Core busy = CPU seconds / wall seconds of the window: "
+        "`sut` is the gateway's core, `load` the fake upstream + load generator's core. Direct burst/json phases "
+        "run the load core at ~100 %: their throughput is the load side's ceiling, so those ratios only say the "
+        "gateway saturates first (its core at ~100 %). Ratios of paced scenarios compare like with like.",
+        "",
+    ]
+    for entry in results:
+        g = entry["phases"].get("gateway", {})
+        if entry["kind"] == "ttft":
+            out.append(
+                f"- **ttft-c1**: added TTFT p50 per repeat (gateway - direct): "
+                f"{g.get('added_ttft_p50_repeats_ms')} ms; "
+                f"median {_fmt(g.get('added_ttft_p50_ms'), ' ms', 3)}. "
+                f"Direct p50s {entry['phases']['direct'].get('ttft_p50_repeats_ms')}, "
+                f"gateway p50s {g.get('ttft_p50_repeats_ms')}."
+            )
+        if entry["kind"] == "soak":
+            out.append(
+                f"- **soak** (fresh gateway): {g.get('soak_s')} s at C=50; "
+                f"RSS baseline {_fmt(g.get('rss_baseline_mb'), ' MB')} "
+                f"(median over {g.get('rss_baseline_window_s')} s), end {_fmt(g.get('rss_end_mb'), ' MB')}, "
+                f"growth {_fmt(g.get('rss_growth_pct'), ' %', 2)}; peak {_fmt(g.get('rss_peak_mb'), ' MB')}."
+            )
+        if entry["kind"] == "mem":
+            out.append(
+                f"- **{entry['scenario']}** (fresh gateway): RSS before {_fmt(g.get('rss_before_mb'), ' MB')}, peak "
+                f"{_fmt(g.get('rss_peak_mb'), ' MB')} (sampled {_fmt(g.get('rss_peak_sampled_mb'), ' MB')}, "
+                f"VmHWM {_fmt(g.get('rss_hwm_mb'), ' MB')})."
+            )
+    if "litellm" in report:
+        out += ["", "## LiteLLM proxy vs direct (same load)", ""]
+        lt = report["litellm"]
+        if lt.get("error"):
+            out.append(f"LiteLLM did not run: {lt['error']}")
+        else:
+            out.append(f"LiteLLM {lt.get('version')}, one worker, pinned to core {cfg['gateway_cpu']}.")
+            out += ["", *_summary_table(results, "litellm")]
+    disturbed = _disturbed(results)
+    if disturbed or report.get("concurrent_processes"):
+        out += ["", "## Warning: the machine was not quiet", ""]
+        if disturbed:
+            out.append("Other processes kept a core more than 10 % busy during: " + ", ".join(disturbed) + ".")
+        out += [f"- concurrent: `{c}`" for c in report.get("concurrent_processes", [])]
+    out += ["", "## All phases", "", *_detail_table(results), ""]
+    errors = [
+        (entry["scenario"], name, p["error_samples"])
+        for entry in results
+        for name, p in entry["phases"].items()
+        if p["errors"]
+    ]
+    if errors or report.get("crashes"):
+        out += ["## Errors", ""]
+        out += [f"- {sc} / {name}: " + "; ".join(f"`{e}`" for e in samples) for sc, name, samples in errors]
+        out += [f"- {c['target']} was found dead before {c['before']} and restarted" for c in report.get("crashes", [])]
+        out.append("")
+    if report.get("gateway_metrics"):
+        out += ["## The gateway's own counters", ""]
+        out.append("Read before each restart (scenarios marked fresh get a new gateway process) and at the end.")
+        for snap in report["gateway_metrics"]:
+            out += ["", f"Before {snap['until']}:" if snap["until"] != "end" else "At the end:", "", "```"]
+            out += [*snap["lines"], "```"]
+        out.append("")
+    return "\n".join(out)
+
+
+async def gateway_counters(port: int) -> list[str]:
+    try:
+        text = (await http_get(port, "/metrics")).decode()
+    except (OSError, ConnectionError, TimeoutError) as exc:
+        return [f"(metrics unavailable: {exc})"]
+    keep = ("gateway_requests_total{", "gateway_upstream_errors_total{", "gateway_stream_violations_total{")
+    return [line for line in text.splitlines() if line.startswith(keep)]
+
+
+# --- main ---------------------------------------------------------------------------------------------------
+
+
+def _raise_nofile(target: int = 65536) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = target if hard == resource.RLIM_INFINITY else min(target, hard)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def _concurrent(procs: list[Proc]) -> list[str]:
+    mine = procstat.ancestors(os.getpid()) | {pid for proc in procs if proc.alive() for pid in proc.pids(max_age=0.0)}
+    return procstat.others_like(("bench.run", "bench.upstream", "messages-gateway serve", "litellm --config"), mine)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short windows: the default run takes ~2 minutes")
+    parser.add_argument(
+        "--scenarios",
+        nargs="+",
+        default=None,
+        help=f"names or globs, comma or space separated (default: all): {DEFAULT}",
+    )
+    parser.add_argument("--litellm", action="store_true", help="also run burst/json/ttft through LiteLLM's proxy")
+    parser.add_argument("--upstream-client", choices=("aiohttp", "httpx"), default=None)
+    parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (--workers)")
+    parser.add_argument("--soak-seconds", type=float, default=None, help="soak length (default 600; --quick 20)")
+    parser.add_argument("--ttft-repeats", type=int, default=None, help="ttft-c1 repeats (default 6; --quick 4)")
+    parser.add_argument("--ttft-requests", type=int, default=200, help="streams per ttft-c1 repeat and target")
+    parser.add_argument("--gateway-cpu", type=int, default=0, help="core for the gateway (and LiteLLM)")
+    parser.add_argument("--load-cpu", type=int, default=1, help="core for the fake upstream and the load generator")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for <timestamp>.json and .md")
+    parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    return parser.parse_args(argv)
+
+
+def select(patterns: list[str] | None) -> list[Scenario]:
+    if not patterns:
+        return list(SCENARIOS)
+    wanted = [p for arg in patterns for p in re.split(r"[,\s]+", arg) if p]
+    chosen: list[Scenario] = []
+    for pattern in wanted:
+        hits = [s for s in SCENARIOS if fnmatch.fnmatchcase(s.name, pattern)]
+        if not hits:
+            raise SystemExit(f"unknown scenario {pattern!r}; known: {', '.join(DEFAULT)}")
+        chosen += [s for s in hits if s not in chosen]
+    return [s for s in SCENARIOS if s in chosen]  # always in the canonical order
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    scenarios = select(args.scenarios)
+    opts = Options(
+        quick=args.quick,
+        soak_s=args.soak_seconds if args.soak_seconds is not None else (20.0 if args.quick else 600.0),
+        ttft_repeats=args.ttft_repeats or (4 if args.quick else 6),
+        ttft_requests=args.ttft_requests,
+        litellm=args.litellm,
+    )
+    cores = os.cpu_count() or 1
+    pin = cores >= 2
+    load_cpu, gw_cpu = (args.load_cpu, args.gateway_cpu) if pin else (None, None)
+    if load_cpu is not None:
+        os.sched_setaffinity(0, {load_cpu})
+    started = datetime.now(UTC)
+    stamp = started.strftime("%Y%m%d-%H%M%S")
+    work = Path(tempfile.mkdtemp(prefix=f"bench-{stamp}-"))
+    client = args.upstream_client or os.environ.get("MESSAGES_GATEWAY_UPSTREAM_CLIENT") or "aiohttp"
+    report: dict[str, Any] = {
+        "started": started.isoformat(timespec="seconds"),
+        "command": shlex.join(["python", "-m", "bench.run", *sys.argv[1:]]),
+        "machine": machine_facts(),
+        "config": {
+            "quick": args.quick,
+            "workers": args.workers,
+            "upstream_client": client,
+            "gateway_cpu": gw_cpu,
+            "load_cpu": load_cpu,
+            "soak_s": opts.soak_s,
+            "ttft_repeats": opts.ttft_repeats,
+            "ttft_requests": opts.ttft_requests,
+            "scenarios": [s.name for s in scenarios],
+            "logs": str(work),
+        },
+        "results": [],
+    }
+    up_port, gw_port = _free_port(), _free_port()
+    upstream = Proc(
+        "upstream",
+        [sys.executable, "-m", "bench.upstream", "--port", str(up_port)],
+        work / "upstream.log",
+        cpu=load_cpu,
+        env=child_env(),
+    )
+    config = work / "gateway.yaml"
+    config.write_text(gateway_config(gw_port, up_port))
+    gateway = Proc(
+        "gateway",
+        gateway_argv(config, gw_port, args.workers),
+        work / "gateway.log",
+        cpu=gw_cpu,
+        env=child_env({"MESSAGES_GATEWAY_UPSTREAM_CLIENT": client}),
+    )
+    system = System(upstream=upstream, upstream_port=up_port, load_cpu=load_cpu, sut_cpu=gw_cpu)
+    procs = [upstream, gateway]
+
+    async def start_gateway() -> None:
+        gateway.start()
+        await wait_ready(gateway, gw_port, "/healthz", 60.0)
+
+    try:
+        upstream.start()
+        await wait_ready(upstream, up_port, "/healthz", 30.0)
+        await start_gateway()
+        system.suts["gateway"] = (gateway, Target("gateway", HOST, gw_port))
+        system.restart["gateway"] = start_gateway
+        await asyncio.sleep(0.5)
+        report["gateway_idle_rss_mb"] = _mb(gateway.rss().rss_kb)
+        concurrent = set(_concurrent(procs))
+        if concurrent:
+            print("[bench] WARNING: another benchmark or gateway is running; figures will be disturbed:")
+            print("\n".join(f"[bench]   {c}" for c in sorted(concurrent)))
+        print(f"[bench] upstream :{up_port} (pid {upstream.pid}), gateway :{gw_port} (pid {gateway.pid}); logs {work}")
+        if opts.litellm:
+            from bench import litellm
+
+            info: dict[str, Any] = {}
+            report["litellm"] = info
+            try:
+                lt_proc, lt_target, version = await litellm.start(
+                    work, up_port, [s.model for s in scenarios if s.litellm], cpu=gw_cpu, env=child_env()
+                )
+                procs.append(lt_proc)
+                system.suts["litellm"] = (lt_proc, lt_target)
+                info |= {"version": version, "idle_rss_mb": _mb(lt_proc.rss().rss_kb)}
+                print(f"[bench] litellm {version} on :{lt_target.port} (pid {lt_proc.pid})")
+            except Exception as exc:  # optional: report why and carry on without it
+                info["error"] = f"{type(exc).__name__}: {exc}"
+                print(f"[bench] litellm unavailable: {info['error']}")
+        counters: list[dict[str, Any]] = []
+        for i, s in enumerate(scenarios):
+            t0 = time.perf_counter()
+            print(f"[bench] {s.name}: {s.about} …", flush=True)
+            if s.fresh and i > 0:
+                counters.append({"until": s.name, "lines": await gateway_counters(gw_port)})
+                gateway.stop()
+                await start_gateway()
+                await asyncio.sleep(0.5)
+            entry = await run_scenario(system, s, opts)
+            report["results"].append(entry)
+            for name in entry["phases"]:
+                if name == "direct":
+                    continue
+                metric, dv, gv, ratio, cpu, added = _headline(entry, name)
+                errs = "/".join(str(entry["phases"][n]["errors"]) for n in entry["phases"])
+                print(
+                    f"[bench]   {name}: {metric} direct {_fmt(dv)} vs {_fmt(gv)} (ratio {ratio}), CPU {cpu}, "
+                    f"added TTFT {added}, errors {errs}  [{time.perf_counter() - t0:.0f} s]",
+                    flush=True,
+                )
+        counters.append({"until": "end", "lines": await gateway_counters(gw_port)})
+        report["gateway_metrics"] = counters
+        report["concurrent_processes"] = sorted(concurrent | set(_concurrent(procs)))
+        report["crashes"] = system.crashes
+        report["gateway_alive_at_end"] = gateway.alive()
+        report["gateway_log_problems"] = [
+            line for line in gateway.log_tail(400).splitlines() if re.search(r"ERROR|Traceback|Exception", line)
+        ][:20]
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.list:
+        for s in SCENARIOS:
+            print(f"{s.name:12} {s.model:16} C={s.concurrency:<5} {s.about}")
+        return
+    _raise_nofile()
+    import uvloop
+
+    report = uvloop.run(run(args))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / datetime.fromisoformat(report["started"]).strftime("%Y%m%d-%H%M%S")
+    markdown = render_markdown(report)
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(markdown)
+    print()
+    print(markdown)
+    print(f"[bench] wrote {stem}.json and {stem}.md")
+
+
+if __name__ == "__main__":
+    main()
