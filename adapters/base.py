@@ -136,6 +136,23 @@ def batch_of_block(block: bytes) -> Batch:
     return Batch(views, datas)
 
 
+_FIRST_DELTA = b"event: content_block_delta\n"
+_SPLIT_MIN = 4096
+
+
+def split_after_first_delta(block: bytes) -> tuple[bytes, bytes]:
+    """Cut a stream's first large block after its first delta, so that the first token goes out (and
+    the client's response starts) before the rest of the block is decoded and checked. Small blocks and
+    blocks without a delta stay whole: ``(b"", block)``."""
+    if len(block) < _SPLIT_MIN:
+        return b"", block
+    at = block.find(_FIRST_DELTA)
+    end = block.find(b"\n\n", at) + 2 if at >= 0 else 1
+    if at < 0 or end == 1 or end >= len(block):
+        return b"", block
+    return block[:end], block[end:]
+
+
 class SseEventStream:
     """The event stream of a provider that already speaks the canonical SSE (Claude API, Foundry…)."""
 
@@ -147,10 +164,19 @@ class SseEventStream:
 
     async def batches(self) -> AsyncGenerator[Batch]:
         feed = SseDecoder().feed_block
+        first = True
         async for chunk in self._resp.chunks():
             block = feed(chunk)
-            if block:
-                yield batch_of_block(block)
+            if not block:
+                continue
+            if first:
+                first = False
+                head, block = split_after_first_delta(block)
+                if head:
+                    yield batch_of_block(head)
+                    if not block:
+                        continue
+            yield batch_of_block(block)
 
     async def aclose(self) -> None:
         await self._resp.aclose()

@@ -94,3 +94,18 @@ def test_split_canonical() -> None:
     block = b'event: a\ndata: {"type":"a"}\n\nevent: b\ndata: {"x":"data: y"}\n\n'
     assert split_canonical(block) == (b"event: a\nevent: b", b'[{"type":"a"},{"x":"data: y"}]', 2)
     assert split_canonical(b"event: a\ndata: 1\nid: 3\n\n") is None
+
+
+def test_first_large_block_is_cut_after_its_first_delta() -> None:
+    from adapters.base import split_after_first_delta
+
+    body = (FIXTURES[0].parent / "fake-citations.sse").read_bytes()
+    block = block_of(body)
+    head, rest = split_after_first_delta(block)
+    assert head + rest == block
+    assert head.endswith(b"\n\n") and head.count(b"event: content_block_delta\n") == 1
+    assert head.rstrip(b"\n").rsplit(b"\n", 2)[-2].startswith(b"event: content_block_delta")
+    assert batch_of_block(head).raw == head and batch_of_block(rest).raw == rest
+    small = b'event: content_block_delta\ndata: {"type":"content_block_delta"}\n\n'
+    assert split_after_first_delta(small) == (b"", small)
+    assert split_after_first_delta(b"event: ping\ndata: {}\n\n" * 300)[0] == b""
