@@ -21,6 +21,7 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "KNOWN_EVENTS",
     "MALFORMED",
     "AnyEvent",
     "Batch",
@@ -61,6 +62,19 @@ __all__ = [
     "decode_views",
     "encode_event",
 ]
+
+
+KNOWN_EVENTS = (
+    "message_start",
+    "content_block_start",
+    "content_block_delta",
+    "content_block_stop",
+    "message_delta",
+    "message_stop",
+    "ping",
+    "error",
+)
+"""The event types of the Messages stream this gateway knows; any other type is carried through."""
 
 
 class _Wire(msgspec.Struct, frozen=True, kw_only=True):

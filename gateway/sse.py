@@ -8,6 +8,8 @@ character split across reads needs no special care.
 
 from __future__ import annotations
 
+from gateway.events import KNOWN_EVENTS
+
 __all__ = ["SseDecoder", "SseFrame", "encode_frame", "frame_header", "split_block", "split_canonical"]
 
 
@@ -136,19 +138,7 @@ def frame_header(event_type: str) -> bytes:
     return _HEADERS.get(event_type) or b"event: " + event_type.encode() + b"\ndata: "
 
 
-_HEADERS = {
-    name: b"event: " + name.encode() + b"\ndata: "
-    for name in (
-        "message_start",
-        "content_block_start",
-        "content_block_delta",
-        "content_block_stop",
-        "message_delta",
-        "message_stop",
-        "ping",
-        "error",
-    )
-}
+_HEADERS = {name: b"event: " + name.encode() + b"\ndata: " for name in KNOWN_EVENTS}
 
 
 def encode_frame(event_type: str, data: bytes) -> bytes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from gateway.events import EventView
+from gateway.events import KNOWN_EVENTS, EventView
 
 __all__ = ["KNOWN_EVENTS", "State", "StreamValidator", "Violation"]
 
@@ -36,16 +36,6 @@ class Violation(Exception):
 
 
 _S = State
-KNOWN_EVENTS = (
-    "message_start",
-    "content_block_start",
-    "content_block_delta",
-    "content_block_stop",
-    "message_delta",
-    "message_stop",
-    "ping",
-    "error",
-)
 
 # (state, event type) -> next state. Everything absent is a violation.
 _TABLE: dict[tuple[State, str], State] = {
