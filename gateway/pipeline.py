@@ -172,6 +172,33 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
                 return
     finally:
         tally.record(outcome or Outcome.CLIENT_CANCELLED)
+        if validator.state is State.DONE:
+            _drain_later(opened)
+        else:
+            await _close(opened.batches, opened.stream)
+
+
+_DRAINS: set[asyncio.Task[None]] = set()
+DRAIN_SECONDS = 2.0
+
+
+def _drain_later(opened: OpenStream) -> None:
+    """After ``message_stop`` the provider's body is all but over (the chunked terminator is often in
+    the next read). Read it to its end in the background, so the connection goes back to the pool
+    instead of being dropped, without holding the client's response open for it."""
+    task = asyncio.get_running_loop().create_task(_drain(opened))
+    _DRAINS.add(task)
+    task.add_done_callback(_DRAINS.discard)
+
+
+async def _drain(opened: OpenStream) -> None:
+    try:
+        async with asyncio.timeout(DRAIN_SECONDS):
+            async for _ in opened.batches:
+                pass
+    except (TimeoutError, StreamInterrupted, GatewayError):
+        pass
+    finally:
         await _close(opened.batches, opened.stream)
 
 

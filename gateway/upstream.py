@@ -194,10 +194,11 @@ class _HttpxResponse:
 
 
 class HttpxClient:
-    """httpx on its default transport (httpcore + h11)."""
+    """httpx on its default transport (httpcore + h11), or on another httpx transport."""
 
-    def __init__(self) -> None:
+    def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._client = httpx.AsyncClient(
+            transport=transport,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
             cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),  # keep no cookies (see above)
         )
@@ -224,7 +225,11 @@ def make_client(name: str = "aiohttp") -> HttpClient:
         return AiohttpClient()
     if name == "httpx":
         return HttpxClient()
-    raise ValueError(f"unknown upstream client {name!r} (aiohttp or httpx)")
+    if name == "httpx-aiohttp":  # measured in docs/benchmarks.md; needs `pip install httpx-aiohttp`
+        from httpx_aiohttp import AiohttpTransport  # type: ignore[import-not-found,unused-ignore]
+
+        return HttpxClient(AiohttpTransport())
+    raise ValueError(f"unknown upstream client {name!r} (aiohttp, httpx or httpx-aiohttp)")
 
 
 def _host(url: str) -> str:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gateway.events import MALFORMED, Batch, decode_view
 from gateway.metrics import Metrics
-from gateway.pipeline import OpenStream, stream_body
+from gateway.pipeline import _DRAINS, OpenStream, stream_body
 from gateway.sse import SseDecoder
 from gateway.upstream import StreamInterrupted
 from gateway.usage import UsageTally
@@ -47,10 +47,12 @@ class FakeStream:
         self._interrupt = interrupt
         self.headers: dict[str, str] = {}
         self.closed = False
+        self.consumed = False
 
     async def batches(self) -> AsyncGenerator[Batch]:
         for batch in self._batches:
             yield batch
+        self.consumed = True
         if self._interrupt:
             raise StreamInterrupted("connection reset")
 
@@ -73,7 +75,9 @@ def run(
         gen = stream.batches()
         first = await anext(gen)
         opened = OpenStream(_Target(), stream, gen, first)  # type: ignore[arg-type]
-        return [chunk async for chunk in stream_body(opened, metrics, tally)]
+        chunks = [chunk async for chunk in stream_body(opened, metrics, tally)]
+        await asyncio.gather(*_DRAINS)
+        return chunks
 
     return asyncio.run(go()), metrics, tally, stream
 
@@ -138,9 +142,10 @@ def test_interrupted_upstream_ends_with_error() -> None:
     assert tally.recorded == "upstream_error"
 
 
-def test_nothing_after_message_stop_is_forwarded() -> None:
-    body, *_ = run([[*GOOD, ev("ping")]])
+def test_nothing_after_message_stop_is_forwarded_and_the_rest_is_drained() -> None:
+    body, _, _, stream = run([[*GOOD, ev("ping")], [ev("ping")]])
     assert client_events(body)[-1]["type"] == "message_stop"
+    assert stream.consumed and stream.closed  # read to its end (connection reusable), then closed
 
 
 RANDOM_EVENT = st.one_of(
