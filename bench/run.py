@@ -469,6 +469,10 @@ async def _run_ttft(system: System, s: Scenario, opts: Options) -> dict[str, Any
             "load_core_busy_pct": round(100.0 * load_cpu / window, 1),
             "upstream_us_per_request": _per(sum(r["upstream_cpu_s"] for r in runs) * 1e6, completed),
         }
+        cores = {c for r in runs for c in r.get("foreign_busy_pct", {})}
+        merged["foreign_busy_pct"] = {
+            c: round(sum(r["foreign_busy_pct"].get(c, 0.0) * r["window_s"] for r in runs) / window, 1) for c in cores
+        }
         if name != "direct":
             cpu = sum(r["cpu_s"] for r in runs)
             merged |= {
@@ -613,10 +617,13 @@ def _foreign(phase: dict[str, Any]) -> str:
 
 
 def _disturbed(results: list[dict[str, Any]], limit: float = 10.0) -> list[str]:
-    """Phases during which something outside this benchmark kept a core busy."""
+    """Phases during which something outside this benchmark kept a core busy (windows under 1 s are too
+    short for the 10 ms accounting ticks to tell)."""
     out = []
     for entry in results:
         for name, p in entry["phases"].items():
+            if p.get("window_s", 0.0) < 1.0:
+                continue
             worst = max((p.get("foreign_busy_pct") or {}).values(), default=0.0)
             if worst > limit:
                 out.append(f"{entry['scenario']} / {name} ({worst:.0f}%)")
@@ -763,7 +770,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"names or globs, comma or space separated (default: all): {DEFAULT}",
     )
     parser.add_argument("--litellm", action="store_true", help="also run burst/json/ttft through LiteLLM's proxy")
-    parser.add_argument("--upstream-client", choices=("aiohttp", "httpx"), default=None)
+    parser.add_argument("--upstream-client", choices=("aiohttp", "httpx", "httpx-aiohttp"), default=None)
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (--workers)")
     parser.add_argument("--soak-seconds", type=float, default=None, help="soak length (default 600; --quick 20)")
     parser.add_argument("--ttft-repeats", type=int, default=None, help="ttft-c1 repeats (default 6; --quick 4)")
@@ -789,6 +796,9 @@ def select(patterns: list[str] | None) -> list[Scenario]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    main_task = asyncio.current_task()
+    if main_task is not None:  # SIGTERM cancels the run: its `finally` stops the upstream, gateway and LiteLLM
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     scenarios = select(args.scenarios)
     opts = Options(
         quick=args.quick,
@@ -921,7 +931,11 @@ def main(argv: list[str] | None = None) -> None:
     _raise_nofile()
     import uvloop
 
-    report = uvloop.run(run(args))
+    try:
+        report = uvloop.run(run(args))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        print("[bench] interrupted: the upstream, gateway and LiteLLM were stopped; nothing written", file=sys.stderr)
+        raise SystemExit(130) from None
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / datetime.fromisoformat(report["started"]).strftime("%Y%m%d-%H%M%S")
     markdown = render_markdown(report)
