@@ -114,7 +114,12 @@ async def _stream(send: Send, receive: Receive, body: Any, headers: list[tuple[b
     assert task is not None
     watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
     try:
+        # The first chunk is made before the head goes out: from here on the body generator has started,
+        # so its `finally` (close the upstream, record usage) runs however the response ends.
+        first = await anext(body, b"")
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if first:
+            await send({"type": "http.response.body", "body": first, "more_body": True})
         async for chunk in body:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
