@@ -1,0 +1,210 @@
+"""``application/vnd.amazon.eventstream``: a sans-IO decoder (bytes in, messages out) and an encoder.
+
+Each message: ``total_length`` (u32), ``headers_length`` (u32), ``prelude_crc`` (CRC-32 of the first
+8 bytes), headers, payload, ``message_crc`` (CRC-32 of everything before it). Integers big-endian.
+A header is ``u8 name length``, name, ``u8 type``, value (protocols.md §3.4). Both CRCs are checked;
+any damage is an ``EventStreamError`` — the stream cannot be resynchronised after one.
+
+The encoder exists for the fake Bedrock upstream in tests and the benchmark, so they send frames with
+real CRCs that this decoder and botocore both accept.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from typing import Union
+from zlib import crc32
+
+__all__ = [
+    "MAX_HEADERS_LENGTH",
+    "MAX_PAYLOAD_LENGTH",
+    "EventStreamDecoder",
+    "EventStreamError",
+    "EventStreamMessage",
+    "HeaderValue",
+    "encode_message",
+]
+
+HeaderValue = Union[bool, int, bytes, str, uuid.UUID]  # noqa: UP007 (a runtime alias)
+
+MAX_HEADERS_LENGTH = 128 * 1024
+MAX_PAYLOAD_LENGTH = 24 * 1024 * 1024
+_PRELUDE = struct.Struct(">III")
+_MIN_LENGTH = 16  # prelude (12) + message CRC (4)
+
+_BOOL_TRUE, _BOOL_FALSE, _BYTE, _SHORT, _INT, _LONG, _BYTES, _STRING, _TIMESTAMP, _UUID = range(10)
+_FIXED = {
+    _BYTE: struct.Struct(">b"),
+    _SHORT: struct.Struct(">h"),
+    _INT: struct.Struct(">i"),
+    _LONG: struct.Struct(">q"),
+}
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
+
+
+class EventStreamError(Exception):
+    """A damaged or oversized event-stream message."""
+
+
+class Timestamp(int):
+    """A header of the timestamp type: milliseconds since the epoch."""
+
+
+class EventStreamMessage:
+    __slots__ = ("headers", "payload")
+
+    def __init__(self, headers: dict[str, HeaderValue], payload: bytes) -> None:
+        self.headers = headers
+        self.payload = payload
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EventStreamMessage) and (self.headers, self.payload) == (other.headers, other.payload)
+
+    def __hash__(self) -> int:
+        return hash(self.payload)
+
+    def __repr__(self) -> str:
+        return f"EventStreamMessage({self.headers!r}, {self.payload[:60]!r})"
+
+
+class EventStreamDecoder:
+    """Feed it bytes as they arrive; it returns the messages they complete, whatever the chunking.
+
+    Headers repeat from message to message (every chunk of a stream carries the same three), so parsed
+    header blocks are cached by their bytes; the dicts returned are shared and must not be mutated.
+    """
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[EventStreamMessage]:
+        buf = self._buf + chunk if self._buf else chunk
+        view = memoryview(buf)
+        messages: list[EventStreamMessage] = []
+        start = 0
+        size = len(buf)
+        while size - start >= _MIN_LENGTH:
+            total, headers_length, prelude_crc = _PRELUDE.unpack_from(buf, start)
+            if crc32(view[start : start + 8]) != prelude_crc:
+                raise EventStreamError("event-stream prelude CRC mismatch")
+            if headers_length > MAX_HEADERS_LENGTH:
+                raise EventStreamError(f"event-stream headers of {headers_length} bytes exceed the limit")
+            payload_length = total - headers_length - _MIN_LENGTH
+            if payload_length < 0:
+                raise EventStreamError("event-stream message shorter than its own headers")
+            if payload_length > MAX_PAYLOAD_LENGTH:
+                raise EventStreamError(f"event-stream payload of {payload_length} bytes exceeds the limit")
+            if size - start < total:
+                break
+            end = start + total
+            if crc32(view[start : end - 4]) != _U32.unpack_from(buf, end - 4)[0]:
+                raise EventStreamError("event-stream message CRC mismatch")
+            payload_start = start + 12 + headers_length
+            raw_headers = buf[start + 12 : payload_start]
+            headers = _HEADER_CACHE.get(raw_headers)
+            if headers is None:
+                headers = _parse_headers(raw_headers)
+                if len(_HEADER_CACHE) < 256:
+                    _HEADER_CACHE[raw_headers] = headers
+            messages.append(EventStreamMessage(headers, buf[payload_start : end - 4]))
+            start = end
+        view.release()
+        self._buf = buf[start:] if start < size else b""
+        return messages
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._buf)
+
+    def close(self) -> None:
+        """End of input: a half-received message is an error."""
+        if self._buf:
+            size = len(self._buf)
+            self._buf = b""
+            raise EventStreamError(f"event stream ended inside a message ({size} bytes left over)")
+
+
+_HEADER_CACHE: dict[bytes, dict[str, HeaderValue]] = {}
+
+
+def _parse_headers(data: bytes) -> dict[str, HeaderValue]:
+    headers: dict[str, HeaderValue] = {}
+    i = 0
+    end = len(data)
+    try:
+        while i < end:
+            name_length = data[i]
+            name = data[i + 1 : i + 1 + name_length].decode("utf-8")
+            i += 1 + name_length
+            kind = data[i]
+            i += 1
+            value: HeaderValue
+            if kind == _BOOL_TRUE:
+                value = True
+            elif kind == _BOOL_FALSE:
+                value = False
+            elif kind in _FIXED:
+                fixed = _FIXED[kind]
+                (value,) = fixed.unpack_from(data, i)
+                i += fixed.size
+            elif kind in (_BYTES, _STRING):
+                (length,) = _U16.unpack_from(data, i)
+                raw = data[i + 2 : i + 2 + length]
+                if len(raw) != length:
+                    raise EventStreamError("event-stream header value runs past the headers")
+                value = raw.decode("utf-8") if kind == _STRING else raw
+                i += 2 + length
+            elif kind == _TIMESTAMP:
+                value = Timestamp(_I64.unpack_from(data, i)[0])
+                i += 8
+            elif kind == _UUID:
+                if i + 16 > end:
+                    raise EventStreamError("event-stream UUID header runs past the headers")
+                value = uuid.UUID(bytes=data[i : i + 16])
+                i += 16
+            else:
+                raise EventStreamError(f"event-stream header {name!r} has unknown type {kind}")
+            headers[name] = value
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise EventStreamError(f"malformed event-stream headers: {exc}") from exc
+    if i != end:
+        raise EventStreamError("event-stream headers overrun their length")
+    return headers
+
+
+def _encode_header(name: str, value: HeaderValue) -> bytes:
+    raw_name = name.encode("utf-8")
+    head = bytes([len(raw_name)]) + raw_name
+    if value is True:
+        return head + bytes([_BOOL_TRUE])
+    if value is False:
+        return head + bytes([_BOOL_FALSE])
+    if isinstance(value, Timestamp):
+        return head + bytes([_TIMESTAMP]) + _I64.pack(value)
+    if isinstance(value, int):
+        for kind in (_BYTE, _SHORT, _INT, _LONG):
+            fixed = _FIXED[kind]
+            limit = 1 << (fixed.size * 8 - 1)
+            if -limit <= value < limit:
+                return head + bytes([kind]) + fixed.pack(value)
+        raise ValueError(f"header {name!r}: integer out of range")
+    if isinstance(value, uuid.UUID):
+        return head + bytes([_UUID]) + value.bytes
+    if isinstance(value, str):
+        data = value.encode("utf-8")
+        return head + bytes([_STRING]) + _U16.pack(len(data)) + data
+    return head + bytes([_BYTES]) + _U16.pack(len(value)) + value
+
+
+def encode_message(headers: dict[str, HeaderValue], payload: bytes) -> bytes:
+    """One event-stream message with real CRCs."""
+    raw_headers = b"".join(_encode_header(name, value) for name, value in headers.items())
+    total = len(raw_headers) + len(payload) + _MIN_LENGTH
+    prelude = struct.pack(">II", total, len(raw_headers))
+    body = prelude + struct.pack(">I", crc32(prelude)) + raw_headers + payload
+    return body + struct.pack(">I", crc32(body))
