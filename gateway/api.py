@@ -12,7 +12,7 @@ from litestar.exceptions import HTTPException
 
 from gateway import pipeline
 from gateway.edge import authenticate, proxy_request, read_body
-from gateway.errors import GatewayError, NotFound, envelope, error_type_for_status, new_request_id
+from gateway.errors import GatewayError, InvalidRequest, NotFound, envelope, error_type_for_status, new_request_id
 from gateway.metrics import CONTENT_TYPE
 from gateway.request import parse_count_tokens
 from gateway.routing import Route
@@ -99,7 +99,7 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     try:
         limit = max(1, min(1000, int(params.get("limit", "20"))))
     except ValueError:
-        return _error_response(GatewayError("limit must be an integer"), rid)
+        return _error_response(InvalidRequest("limit must be an integer"), rid)
     page, has_more = data[:limit], len(data) > limit
     body = {
         "data": page,

@@ -65,3 +65,25 @@ def test_mock_cites_the_documents_it_is_given() -> None:
                 assert c.document_title == "Ops guide"
         deltas = [e for e in events if e.type == "content_block_delta" and e.delta.type == "citations_delta"]
         assert len(deltas) == len(citations)  # exactly one citation per citations_delta
+
+
+def test_paced_mock_streams_event_by_event_and_models_page() -> None:
+    config = """
+providers: {paced: {kind: mock, deltas: 3, event_delay_ms: 20, first_event_delay_ms: 10}}
+models:
+  one: {targets: [{provider: paced}]}
+  two: {targets: [{provider: paced}]}
+  three: {targets: [{provider: paced}]}
+"""
+    with run_gateway(config) as gw:
+        body = {"model": "one", "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+        with httpx.stream("POST", f"{gw.url}/v1/messages", json=body) as resp:
+            chunks = [chunk for chunk in resp.iter_raw() if chunk]
+        assert len(chunks) >= 5  # one write per event when the mock is paced, not one blob
+        assert b"".join(chunks).count(b"event: content_block_delta\n") == 3
+        page = httpx.get(f"{gw.url}/v1/models", params={"limit": 2}).json()
+        assert [m["id"] for m in page["data"]] == ["one", "two"] and page["has_more"] is True
+        assert page["first_id"] == "one" and page["last_id"] == "two"
+        rest = httpx.get(f"{gw.url}/v1/models", params={"after_id": "two"}).json()
+        assert [m["id"] for m in rest["data"]] == ["three"] and rest["has_more"] is False
+        assert httpx.get(f"{gw.url}/v1/models", params={"limit": "x"}).status_code == 400

@@ -173,3 +173,57 @@ def test_client_stream_is_always_valid(batches: list[list[Ev]], interrupt: bool,
     assert checker.state in (State.DONE, State.FAILED), "every stream ends in message_stop or error"
     assert sum(e["type"] in ("message_stop", "error") for e in events) == 1
     assert tally.recorded is not None and stream.closed
+
+
+class _Adapter:
+    """An adapter whose stream starts with the given batches."""
+
+    kind = "test"
+
+    def __init__(self, name: str, batches: list[list[Ev]]) -> None:
+        self.name = name
+        self._batches = batches
+        self.opened = 0
+
+    async def open_stream(self, request: object, model: str) -> FakeStream:
+        self.opened += 1
+        return FakeStream(self._batches)
+
+
+def test_an_error_before_the_first_real_event_gets_an_http_status_and_falls_over() -> None:
+    from gateway.errors import UpstreamStatusError
+    from gateway.pipeline import open_stream
+    from gateway.request import ProxyRequest
+    from gateway.routing import Route, Target
+
+    overloaded = _Adapter("a", [[ev("error", error={"type": "overloaded_error", "message": "Overloaded"})]])
+    healthy = _Adapter("b", [GOOD])
+    request = ProxyRequest(body=b"{}", model="m", stream=True, request_id="req_1")
+    metrics = Metrics()
+
+    async def first_target_only() -> None:
+        route = Route("m", (Target(overloaded, None),))  # type: ignore[arg-type]
+        tally = UsageTally(metrics, alias="m")
+        try:
+            await open_stream(route, request, metrics, tally)
+        except UpstreamStatusError as exc:
+            assert (exc.status_code, exc.error_type) == (529, "overloaded_error")
+            assert exc.body == b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'
+        else:
+            raise AssertionError("expected an UpstreamStatusError")
+
+    async def with_fallback() -> str:
+        route = Route("m", (Target(overloaded, None), Target(healthy, None)))  # type: ignore[arg-type]
+        opened = await open_stream(route, request, metrics, UsageTally(metrics, alias="m"))
+        await opened.stream.aclose()
+        return opened.target.provider
+
+    asyncio.run(first_target_only())
+    assert asyncio.run(with_fallback()) == "b"
+    assert (overloaded.opened, healthy.opened) == (2, 1)
+    assert (
+        metrics.registry.get_sample_value(
+            "gateway_upstream_errors_total", {"provider": "a", "error_type": "overloaded_error"}
+        )
+        == 2
+    )
