@@ -54,11 +54,15 @@ async def _send_error(send: Send, exc: GatewayError, request_id: str) -> None:
     await _send_json(send, exc.status_code, exc.render(request_id), headers)
 
 
+class _ClientGone(Exception):
+    """The client disconnected before its request body was complete."""
+
+
 async def _body_chunks(receive: Receive) -> AsyncIterator[bytes]:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError("client disconnected while sending the request")
+            raise _ClientGone
         yield message.get("body", b"")
         if not message.get("more_body", False):
             return
@@ -77,6 +81,9 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
     except GatewayError as exc:
         tally.record(Outcome.REJECTED)
         await _send_error(send, exc, rid)
+        return
+    except _ClientGone:
+        tally.record(Outcome.CLIENT_CANCELLED)
         return
     tally.alias = route.alias
     stream = bool(head.stream)

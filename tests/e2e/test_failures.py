@@ -230,3 +230,20 @@ models:
         with client.messages.stream(model="m", **KW) as stream:
             assert stream.get_final_message().content
         assert [r.json["model"] for r in fake.requests if r.json] == ["fake-status-529", "fake-text"]
+
+
+def test_client_gone_during_the_request_body(gateway: RunningGateway, fake: FakeClaudeAPI) -> None:
+    import socket
+
+    before = gateway.sample("gateway_requests_total", alias="", provider="", model="", outcome="client_cancelled")
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-api-key: gw-key-1\r\ncontent-length: 1000\r\n\r\n{")
+        time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    while (
+        gateway.sample("gateway_requests_total", alias="", provider="", model="", outcome="client_cancelled") == before
+    ):
+        assert time.monotonic() < deadline, "the abandoned request was not recorded"
+        time.sleep(0.02)
+    assert fake.requests == []
