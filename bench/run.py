@@ -776,6 +776,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ttft-repeats", type=int, default=None, help="ttft-c1 repeats (default 6; --quick 4)")
     parser.add_argument("--ttft-requests", type=int, default=200, help="streams per ttft-c1 repeat and target")
     parser.add_argument("--gateway-cpu", type=int, default=0, help="core for the gateway (and LiteLLM)")
+    parser.add_argument(
+        "--no-pin", action="store_true", help="pin nothing (for --workers N: the workers may use every core)"
+    )
     parser.add_argument("--load-cpu", type=int, default=1, help="core for the fake upstream and the load generator")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for <timestamp>.json and .md")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -808,7 +811,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         litellm=args.litellm,
     )
     cores = os.cpu_count() or 1
-    pin = cores >= 2
+    pin = cores >= 2 and not args.no_pin
     load_cpu, gw_cpu = (args.load_cpu, args.gateway_cpu) if pin else (None, None)
     if load_cpu is not None:
         os.sched_setaffinity(0, {load_cpu})
