@@ -12,7 +12,7 @@ from litestar import Litestar
 
 from adapters import Adapter, build_adapter
 from gateway.api import HANDLERS, exception_handlers
-from gateway.messages import messages_endpoint
+from gateway.messages import messages_endpoint, method_not_allowed
 from gateway.metrics import Metrics
 from gateway.routing import RouteTable
 from gateway.settings import Settings
@@ -49,8 +49,11 @@ class GatewayApp:
         self.litestar = litestar
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] == "/v1/messages" and scope["method"] == "POST":
-            await messages_endpoint(self.litestar.state.gateway, scope, receive, send)
+        if scope["type"] == "http" and scope["path"] == "/v1/messages":
+            if scope["method"] == "POST":
+                await messages_endpoint(self.litestar.state.gateway, scope, receive, send)
+            else:
+                await method_not_allowed(scope, send, allow="POST")
         else:
             await self.litestar(scope, receive, send)  # type: ignore[arg-type]
 

@@ -21,7 +21,7 @@ from gateway.usage import Outcome, UsageTally
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
-__all__ = ["messages_endpoint"]
+__all__ = ["messages_endpoint", "method_not_allowed"]
 
 Scope = dict[str, Any]
 Receive = Any
@@ -56,6 +56,14 @@ async def _send_error(send: Send, exc: GatewayError, request_id: str) -> None:
 
 class _ClientGone(Exception):
     """The client disconnected before its request body was complete."""
+
+
+async def method_not_allowed(scope: Scope, send: Send, *, allow: str) -> None:
+    rid = new_request_id()
+    error = GatewayError(f"{scope['method']} is not allowed on {scope['path']}; use {allow}")
+    error.status_code, error.error_type = 405, "invalid_request_error"
+    error.headers["allow"] = allow
+    await _send_error(send, error, rid)
 
 
 async def _body_chunks(receive: Receive) -> AsyncIterator[bytes]:

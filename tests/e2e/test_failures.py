@@ -247,3 +247,11 @@ def test_client_gone_during_the_request_body(gateway: RunningGateway, fake: Fake
         assert time.monotonic() < deadline, "the abandoned request was not recorded"
         time.sleep(0.02)
     assert fake.requests == []
+
+
+def test_other_methods_on_messages_get_405_in_the_envelope(gateway: RunningGateway) -> None:
+    resp = httpx.get(f"{gateway.url}/v1/messages", headers=AUTH)
+    assert resp.status_code == 405
+    assert resp.headers["allow"] == "POST"
+    assert resp.json()["error"]["type"] == "invalid_request_error"
+    assert resp.json()["request_id"] == resp.headers["request-id"]
