@@ -24,6 +24,7 @@ __all__ = [
     "error_frame",
     "error_type_for_status",
     "new_request_id",
+    "status_for_error_type",
 ]
 
 _ERROR_TYPES = {
@@ -40,6 +41,14 @@ _ERROR_TYPES = {
     504: "timeout_error",
     529: "overloaded_error",
 }
+
+
+_STATUS_FOR_TYPE = {error_type: status for status, error_type in _ERROR_TYPES.items()}  # timeout_error: 504
+
+
+def status_for_error_type(error_type: str) -> int:
+    """The HTTP status that carries an Anthropic error type (500 for types this gateway does not know)."""
+    return _STATUS_FOR_TYPE.get(error_type, 500)
 
 
 def error_type_for_status(status: int) -> str:

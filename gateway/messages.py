@@ -112,7 +112,7 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
             return
         opened = await pipeline.open_stream(route, request, gw.metrics, tally)
     except GatewayError as exc:
-        tally.record(Outcome.TIMEOUT if exc.error_type == "timeout_error" else Outcome.UPSTREAM_ERROR)
+        tally.record(pipeline.outcome_of(exc))
         await _send_error(send, exc, rid)
         return
     except BaseException:

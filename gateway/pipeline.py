@@ -13,7 +13,13 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import msgspec
 
 from adapters.base import EventStream, JsonReply
-from gateway.errors import GatewayError, UpstreamConnectionError, UpstreamStatusError, UpstreamTimeout, error_frame
+from gateway.errors import (
+    GatewayError,
+    UpstreamConnectionError,
+    UpstreamStatusError,
+    error_frame,
+    status_for_error_type,
+)
 from gateway.events import Batch, UsageView
 from gateway.metrics import Metrics
 from gateway.request import ProxyRequest
@@ -23,21 +29,9 @@ from gateway.upstream import StreamInterrupted
 from gateway.usage import Outcome, UsageTally, usage_of
 from gateway.validate import KNOWN_EVENTS, State, StreamValidator, Violation
 
-__all__ = ["OpenStream", "complete", "count_tokens", "open_stream", "stream_body"]
+__all__ = ["OpenStream", "complete", "count_tokens", "open_stream", "outcome_of", "stream_body"]
 
 _KNOWN = frozenset(KNOWN_EVENTS)
-_STATUS_FOR_ERROR_TYPE = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "billing_error": 402,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "request_too_large": 413,
-    "rate_limit_error": 429,
-    "api_error": 500,
-    "timeout_error": 504,
-    "overloaded_error": 529,
-}
 
 
 class OpenStream:
@@ -52,8 +46,9 @@ class OpenStream:
         self.first = first
 
 
-def _outcome_of(exc: GatewayError) -> str:
-    return Outcome.TIMEOUT if isinstance(exc, UpstreamTimeout) else Outcome.UPSTREAM_ERROR
+def outcome_of(exc: GatewayError) -> str:
+    """The metrics outcome of a request that failed before its response started."""
+    return Outcome.TIMEOUT if exc.error_type == "timeout_error" else Outcome.UPSTREAM_ERROR
 
 
 async def open_stream(route: Route, request: ProxyRequest, metrics: Metrics, tally: UsageTally) -> OpenStream:
@@ -100,7 +95,7 @@ def _early_error(first: Batch) -> GatewayError | None:
     head = first.views[0]
     if head.type == "error" and head.error is not None:
         etype = head.error.type
-        status = _STATUS_FOR_ERROR_TYPE.get(etype, 500)
+        status = status_for_error_type(etype)
         body = b'{"type":"error","error":' + _error_json(first.datas[0]) + b"}"
         return UpstreamStatusError(status, etype, head.error.message, body=body)
     return None
@@ -240,7 +235,7 @@ async def complete(route: Route, request: ProxyRequest, metrics: Metrics, tally:
     try:
         reply = await _first_answer(route, request, metrics, tally, count=False)
     except GatewayError as exc:
-        tally.record(_outcome_of(exc))
+        tally.record(outcome_of(exc))
         raise
     except (asyncio.CancelledError, GeneratorExit):
         tally.record(Outcome.CLIENT_CANCELLED)
