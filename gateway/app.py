@@ -32,7 +32,7 @@ class Gateway:
         self.metrics = metrics
         self.keys = [key.encode() for key in settings.auth.keys if key]
         self.adapters: dict[str, Adapter] = {
-            name: build_adapter(name, config, client) for name, config in settings.providers.items()
+            name: build_adapter(name, config, client, metrics) for name, config in settings.providers.items()
         }
         self.routes = RouteTable(settings.models, self.adapters)
 

@@ -55,6 +55,13 @@ class Metrics:
             registry=r,
         )
 
+        self.usage_mismatch = Counter(
+            "gateway_usage_mismatch",
+            "Streams whose provider-side token counts (Bedrock invocation metrics) disagree with the stream's usage.",
+            ["provider"],
+            registry=r,
+        )
+
     def record_request(
         self,
         *,

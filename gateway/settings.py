@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import yaml
@@ -19,6 +19,9 @@ import yaml
 __all__ = [
     "AnthropicProvider",
     "AuthSettings",
+    "BedrockMantleProvider",
+    "BedrockProvider",
+    "ClaudeAwsProvider",
     "ConfigError",
     "MockProvider",
     "ModelRoute",
@@ -72,7 +75,46 @@ class MockProvider(_Provider, tag="mock", frozen=True, kw_only=True):
     first_event_delay_ms: NonNegativeFloat = 0.0
 
 
-ProviderConfig = AnthropicProvider | MockProvider
+class _AwsAuth(_Provider, frozen=True, kw_only=True):
+    """AWS credentials: explicit keys, a profile of the shared config, the standard chain (all empty), or a
+    bearer API key. Secrets belong in the environment: ``secret_access_key: ${AWS_SECRET_ACCESS_KEY}``."""
+
+    region: str | None = None  # None: AWS_REGION / AWS_DEFAULT_REGION / the profile's region / us-east-1
+    base_url: str | None = None
+    profile: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    api_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.access_key_id) != bool(self.secret_access_key):
+            raise ValueError("access_key_id and secret_access_key go together")
+        if self.api_key and (self.access_key_id or self.profile):
+            raise ValueError("api_key (bearer) and AWS keys/profile (SigV4) are alternatives; set one")
+
+
+class BedrockProvider(_AwsAuth, tag="bedrock", frozen=True, kw_only=True):
+    """Claude (InvokeModel) or any Converse model on Amazon Bedrock."""
+
+    api: Literal["invoke", "converse"] = "invoke"
+    anthropic_version: str = "bedrock-2023-05-31"
+
+
+class BedrockMantleProvider(_AwsAuth, tag="bedrock_mantle", frozen=True, kw_only=True):
+    """The Bedrock Messages endpoint: first-party ``/v1/messages`` at ``bedrock-mantle.{region}.api.aws/anthropic``."""
+
+    signing_name: str = "bedrock-mantle"
+
+
+class ClaudeAwsProvider(_AwsAuth, tag="claude_aws", frozen=True, kw_only=True):
+    """Claude Platform on AWS: first-party API at ``aws-external-anthropic.{region}.api.aws``."""
+
+    workspace_id: Annotated[str, msgspec.Meta(min_length=1)]
+    signing_name: str = "aws-external-anthropic"
+
+
+ProviderConfig = AnthropicProvider | MockProvider | BedrockProvider | BedrockMantleProvider | ClaudeAwsProvider
 
 
 class TargetConfig(_Strict, frozen=True, kw_only=True):
