@@ -71,13 +71,16 @@ class CredentialSource:
         secret_access_key: str | None = None,
         session_token: str | None = None,
         profile: str | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
+        """``credentials``: an already-built botocore credentials object (tests, embedding)."""
         self._provider = provider
         self._profile = profile
-        self._credentials: Credentials | None = None
+        self._credentials = credentials
         self._frozen: ReadOnlyCredentials | None = None
         if access_key_id and secret_access_key:
             self._credentials = Credentials(access_key_id, secret_access_key, session_token)
+        if self._credentials is not None and not isinstance(self._credentials, RefreshableCredentials):
             self._frozen = self._credentials.get_frozen_credentials()
         self._lock: asyncio.Lock | None = None
         self._background: asyncio.Task[None] | None = None
@@ -97,7 +100,9 @@ class CredentialSource:
             return frozen
         return await self._refresh()
 
-    async def _refresh(self) -> ReadOnlyCredentials:
+    async def _refresh(self, within: int | None = _MANDATORY_REFRESH_S) -> ReadOnlyCredentials:
+        """Fetch fresh credentials in a worker thread, unless another request did so while this one waited
+        for the lock (``within``: the seconds-left threshold that asked for it; None = botocore's advisory)."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
@@ -105,15 +110,15 @@ class CredentialSource:
             if (
                 self._frozen is not None
                 and isinstance(credentials, RefreshableCredentials)
-                and not credentials.refresh_needed(_MANDATORY_REFRESH_S)
+                and not credentials.refresh_needed(within)
             ):
-                return self._frozen  # another request refreshed them while this one waited
+                return self._frozen
             self._frozen = await asyncio.to_thread(self._resolve)
             return self._frozen
 
     async def _refresh_in_background(self) -> None:
         try:
-            await self._refresh()
+            await self._refresh(within=None)
         except GatewayError:
             pass  # the current credentials are still valid; the next request tries again
         finally:
