@@ -203,8 +203,8 @@ class BedrockEventStream:
             return data  # left for the validator to reject
         raw = fields.pop(_METRICS_KEY, None)
         if raw is not None and self._on_mismatch is not None:
-            for view in decode_views(earlier):  # a message_delta in this same read is not folded yet
-                if view.type == "message_delta":
+            for view in decode_views(earlier):  # events of this same read are not folded yet
+                if view.type == "message_start" or view.type == "message_delta":
                     usage = fold_usage(usage, view)
             if _mismatch(_decode_metrics(raw), usage):
                 self._on_mismatch()
