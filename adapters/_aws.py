@@ -210,7 +210,9 @@ class SigV4Signer:
         )
         scope = f"{day}/{self.region}/{self.service}/aws4_request"
         to_sign = f"{_ALGORITHM}\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-        signature = hmac.new(self._signing_key(credentials.secret_key or "", day), to_sign.encode(), "sha256").hexdigest()
+        signature = hmac.new(
+            self._signing_key(credentials.secret_key or "", day), to_sign.encode(), "sha256"
+        ).hexdigest()
         out["authorization"] = (
             f"{_ALGORITHM} Credential={credentials.access_key}/{scope}, "
             f"SignedHeaders={';'.join(names)}, Signature={signature}"

@@ -140,9 +140,9 @@ def test_async_client_through_the_gateway(fake: FakeBedrock, gw: RunningGateway)
     import asyncio
 
     async def run() -> dict[str, Any]:
-        async with anthropic.AsyncAnthropic(base_url=gw.url, api_key="gw-key", max_retries=0) as client:
-            async with client.messages.stream(model="us.anthropic.fake-tools-v1:0", **KW) as stream:
-                return (await stream.get_final_message()).model_dump(warnings=False)
+        client = anthropic.AsyncAnthropic(base_url=gw.url, api_key="gw-key", max_retries=0)
+        async with client, client.messages.stream(model="us.anthropic.fake-tools-v1:0", **KW) as stream:
+            return (await stream.get_final_message()).model_dump(warnings=False)
 
     want, _ = streamed(direct(fake), "us.anthropic.fake-tools-v1:0", **BEDROCK_BODY)
     assert asyncio.run(run()) == want
