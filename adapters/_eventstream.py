@@ -24,6 +24,7 @@ __all__ = [
     "EventStreamMessage",
     "HeaderValue",
     "encode_message",
+    "parse_headers",
 ]
 
 HeaderValue = Union[bool, int, bytes, str, uuid.UUID]  # noqa: UP007 (a runtime alias)
@@ -46,7 +47,12 @@ _I64 = struct.Struct(">q")
 
 
 class EventStreamError(Exception):
-    """A damaged or oversized event-stream message."""
+    """A damaged or oversized event-stream message. ``decoded``: the intact messages before it in the same
+    input (as ``feed_raw`` returns them), so that nothing that arrived whole is lost."""
+
+    def __init__(self, message: str, decoded: list[tuple[bytes, bytes]] | None = None) -> None:
+        super().__init__(message)
+        self.decoded = decoded or []
 
 
 class Timestamp(int):
@@ -83,39 +89,34 @@ class EventStreamDecoder:
         self._buf = b""
 
     def feed(self, chunk: bytes) -> list[EventStreamMessage]:
+        return [EventStreamMessage(parse_headers(raw), payload) for raw, payload in self.feed_raw(chunk)]
+
+    def feed_raw(self, chunk: bytes) -> list[tuple[bytes, bytes]]:
+        """Like ``feed``, but each message as ``(header bytes, payload)``: a caller that knows the header
+        block it expects (every Bedrock chunk carries the same one) compares bytes instead of parsing."""
         buf = self._buf + chunk if self._buf else chunk
-        view = memoryview(buf)
-        messages: list[EventStreamMessage] = []
+        out: list[tuple[bytes, bytes]] = []
         start = 0
         size = len(buf)
+        unpack = _PRELUDE.unpack_from
         while size - start >= _MIN_LENGTH:
-            total, headers_length, prelude_crc = _PRELUDE.unpack_from(buf, start)
-            if crc32(view[start : start + 8]) != prelude_crc:
-                raise EventStreamError("event-stream prelude CRC mismatch")
-            if headers_length > MAX_HEADERS_LENGTH:
-                raise EventStreamError(f"event-stream headers of {headers_length} bytes exceed the limit")
-            payload_length = total - headers_length - _MIN_LENGTH
-            if payload_length < 0:
-                raise EventStreamError("event-stream message shorter than its own headers")
-            if payload_length > MAX_PAYLOAD_LENGTH:
-                raise EventStreamError(f"event-stream payload of {payload_length} bytes exceeds the limit")
+            total, headers_length, prelude_crc = unpack(buf, start)
+            if crc32(buf[start : start + 8]) != prelude_crc:
+                raise EventStreamError("event-stream prelude CRC mismatch", out)
             if size - start < total:
+                if headers_length > MAX_HEADERS_LENGTH or total - headers_length - _MIN_LENGTH > MAX_PAYLOAD_LENGTH:
+                    raise EventStreamError(f"event-stream message of {total} bytes exceeds the limits", out)
                 break
+            if total < headers_length + _MIN_LENGTH:
+                raise EventStreamError("event-stream message shorter than its own headers", out)
             end = start + total
-            if crc32(view[start : end - 4]) != _U32.unpack_from(buf, end - 4)[0]:
-                raise EventStreamError("event-stream message CRC mismatch")
+            if crc32(buf[start + 8 : end - 4], prelude_crc) != _U32.unpack_from(buf, end - 4)[0]:
+                raise EventStreamError("event-stream message CRC mismatch", out)
             payload_start = start + 12 + headers_length
-            raw_headers = buf[start + 12 : payload_start]
-            headers = _HEADER_CACHE.get(raw_headers)
-            if headers is None:
-                headers = _parse_headers(raw_headers)
-                if len(_HEADER_CACHE) < 256:
-                    _HEADER_CACHE[raw_headers] = headers
-            messages.append(EventStreamMessage(headers, buf[payload_start : end - 4]))
+            out.append((buf[start + 12 : payload_start], buf[payload_start : end - 4]))
             start = end
-        view.release()
         self._buf = buf[start:] if start < size else b""
-        return messages
+        return out
 
     @property
     def pending(self) -> bool:
@@ -130,6 +131,16 @@ class EventStreamDecoder:
 
 
 _HEADER_CACHE: dict[bytes, dict[str, HeaderValue]] = {}
+
+
+def parse_headers(raw: bytes) -> dict[str, HeaderValue]:
+    """A message's header block as a dict; cached by its bytes (the dict is shared: do not mutate it)."""
+    headers = _HEADER_CACHE.get(raw)
+    if headers is None:
+        headers = _parse_headers(raw)
+        if len(_HEADER_CACHE) < 256:
+            _HEADER_CACHE[raw] = headers
+    return headers
 
 
 def _parse_headers(data: bytes) -> dict[str, HeaderValue]:

@@ -26,7 +26,7 @@ from gateway.upstream import HttpClient, StreamInterrupted, Timeouts, UpstreamRe
 from gateway.usage import fold_usage
 
 from ._aws import CredentialSource, SigV4Signer, sigv4_headers
-from ._eventstream import EventStreamDecoder, EventStreamError, EventStreamMessage
+from ._eventstream import EventStreamDecoder, EventStreamError, EventStreamMessage, parse_headers
 from .base import JsonReply, batch_of_block
 from .claude import USER_AGENT, aws_region
 
@@ -87,6 +87,7 @@ class _AwsErrorBody(msgspec.Struct):
 
 
 _decode_chunk = msgspec.json.Decoder(_Chunk).decode
+_decode_chunks = msgspec.json.Decoder(list[_Chunk]).decode
 _decode_fields = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
 _decode_metrics = msgspec.json.Decoder(_InvocationMetrics).decode
 _decode_error_body = msgspec.json.Decoder(_AwsErrorBody).decode
@@ -139,46 +140,72 @@ class BedrockEventStream:
 
     async def batches(self) -> AsyncGenerator[Batch]:
         decoder = EventStreamDecoder()
+        chunk_headers = b""  # the header block of this stream's chunk frames, once seen
         usage = Usage()
         try:
-            async for chunk in self._resp.chunks():
-                messages = decoder.feed(chunk)
-                if not messages:
-                    continue
-                datas: list[bytes] = []
+            async for received in self._resp.chunks():
                 failure: bytes | None = None
-                for message in messages:
-                    kind = message.headers.get(":message-type")
+                try:
+                    frames = decoder.feed_raw(received)
+                except EventStreamError as exc:  # what arrived intact before the damage still goes out
+                    frames = exc.decoded
+                    failure = _error_data("api_error", f"provider {self._name!r}: damaged event stream: {exc}")
+                if not frames and failure is None:
+                    continue
+                payloads: list[bytes] = []
+                for raw_headers, payload in frames:
+                    if raw_headers == chunk_headers:
+                        payloads.append(payload)
+                        continue
+                    headers = parse_headers(raw_headers)
+                    kind = headers.get(":message-type")
                     if kind == "event":
-                        if message.headers.get(":event-type") == "chunk":
-                            data = _decode_chunk(message.payload).data
-                            if _METRICS_BYTES in data:
-                                data = self._strip_metrics(data, usage, datas)
-                            datas.append(data)
+                        if headers.get(":event-type") == "chunk":
+                            chunk_headers = raw_headers
+                            payloads.append(payload)
                     else:
-                        failure = self._failure(message)
+                        failure = self._failure(EventStreamMessage(headers, payload))
                         break
+                datas = self._chunk_datas(payloads) if payloads else []
+                if failure is None and len(datas) < len(payloads):
+                    failure = _error_data("api_error", f"provider {self._name!r}: undecodable event-stream chunk")
                 if failure is not None:
                     datas.append(failure)
                 if not datas:
                     continue
                 views = decode_views(datas)
-                for view in views:
-                    if view.type == "message_start" or view.type == "message_delta":
+                for i, view in enumerate(views):
+                    etype = view.type
+                    if etype == "message_delta" or etype == "message_start":
                         usage = fold_usage(usage, view)
+                    elif etype == "message_stop" and _METRICS_BYTES in datas[i]:
+                        datas[i] = self._strip_metrics(datas[i], usage)
                 yield Batch(views, datas)
                 if failure is not None:
                     return
             decoder.close()
         except EventStreamError as exc:
             yield error_batch("api_error", f"provider {self._name!r}: damaged event stream: {exc}")
-        except msgspec.DecodeError as exc:
-            yield error_batch("api_error", f"provider {self._name!r}: undecodable event-stream chunk: {exc}")
         except StreamInterrupted as exc:
             if decoder.pending:  # the connection broke inside a frame
                 message = f"provider {self._name!r}: connection lost inside an event-stream frame"
                 raise StreamInterrupted(message) from exc
             raise
+
+    @staticmethod
+    def _chunk_datas(payloads: list[bytes]) -> list[bytes]:
+        """Each chunk's event bytes (``{"bytes": <base64>, "p": <padding>}``), all decoded in one call; when one
+        is malformed, the ones before it (fewer than ``payloads``)."""
+        try:
+            return [c.data for c in _decode_chunks(b"[" + b",".join(payloads) + b"]")]
+        except msgspec.DecodeError:
+            datas = []
+            for payload in payloads:
+                try:
+                    datas.append(_decode_chunk(payload).data)
+                except msgspec.DecodeError:
+                    break
+            return datas
 
     def _failure(self, message: EventStreamMessage) -> bytes:
         headers = message.headers
@@ -195,19 +222,12 @@ class BedrockEventStream:
         text = _text(headers.get(":error-message")) or "error"
         return _error_data("api_error", f"provider {self._name!r}: {code}: {text}" if code else text)
 
-    def _strip_metrics(self, data: bytes, usage: Usage, earlier: list[bytes]) -> bytes:
+    def _strip_metrics(self, data: bytes, usage: Usage) -> bytes:
         """``message_stop`` without Bedrock's metrics; the metrics are checked against the stream's usage."""
-        try:
-            fields = _decode_fields(data)
-        except msgspec.DecodeError:
-            return data  # left for the validator to reject
+        fields = _decode_fields(data)
         raw = fields.pop(_METRICS_KEY, None)
-        if raw is not None and self._on_mismatch is not None:
-            for view in decode_views(earlier):  # events of this same read are not folded yet
-                if view.type == "message_start" or view.type == "message_delta":
-                    usage = fold_usage(usage, view)
-            if _mismatch(_decode_metrics(raw), usage):
-                self._on_mismatch()
+        if raw is not None and self._on_mismatch is not None and _mismatch(_decode_metrics(raw), usage):
+            self._on_mismatch()
         return _encode(fields)
 
     async def aclose(self) -> None:

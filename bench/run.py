@@ -81,6 +81,15 @@ SCENARIOS: tuple[Scenario, ...] = (
         warmup_s=(2.5, 1.5), duration_s=(10.0, 4.0),
     ),
     Scenario(
+        "bedrock-burst-c10", "burst", "bedrock/bench-d200", 10,
+        "10 concurrent 200-delta streams from Bedrock (event-stream → SSE, SigV4-signed); direct = the same SSE",
+    ),
+    Scenario(
+        "bedrock-paced1-c50", "paced", "bedrock/bench-d200-p1", 50,
+        "Bedrock 200-delta streams, 1 ms between event-stream frames", per="event",
+        warmup_s=(1.5, 1.0), duration_s=(8.0, 3.0),
+    ),
+    Scenario(
         "json-c10", "json", "bench-d200", 10, "non-streamed requests (the same 200-token answer as JSON)",
         stream=False, per="request", litellm=True,
     ),
@@ -243,7 +252,10 @@ def gateway_config(port: int, upstream_port: int) -> str:
         "auth: {keys: []}\n"
         "providers:\n"
         f'  up: {{kind: anthropic, api_key: bench, base_url: "http://{HOST}:{upstream_port}"}}\n'
+        f'  bedrock: {{kind: bedrock, region: us-east-1, base_url: "http://{HOST}:{upstream_port}", '
+        "access_key_id: AKIDBENCH, secret_access_key: bench-secret}\n"
         "models:\n"
+        '  "bedrock/*": {targets: [{provider: bedrock}]}\n'
         '  "*": {targets: [{provider: up}]}\n'
     )
 

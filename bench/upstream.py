@@ -7,6 +7,10 @@ look-up and one ``write``. Paced streams (``-p<ms>``) write one event per interv
 text delta on the stream's own timer (so time to first token is exact), then on one shared timer per
 pace that drives every open stream of that pace, so a thousand slow streams cost one timer, not a thousand.
 
+``POST /model/{modelId}/invoke-with-response-stream`` (and ``/invoke``) answer the same knobs the way Amazon
+Bedrock does: AWS event-stream ``chunk`` frames with real CRCs, each carrying one event as base64 plus a
+padding member, the last with ``amazon-bedrock-invocationMetrics`` (signatures are not checked here).
+
 ``GET /cpu`` returns ``{"process_time": …, "requests": …, "events": …, "connections": …}``; ``GET /healthz`` returns ok.
 
 Standalone: ``python -m bench.upstream --port 9100``.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import resource
@@ -25,6 +30,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from typing import cast
+from urllib.parse import unquote
 
 import httptools
 
@@ -68,6 +74,46 @@ class Answer:
 
 
 _ANSWERS: dict[str, Answer] = {}
+_BEDROCK_ANSWERS: dict[str, Answer] = {}
+
+
+def bedrock_answer_for(model: str) -> Answer:
+    """The knob's stream as InvokeModelWithResponseStream sends it."""
+    answer = _BEDROCK_ANSWERS.get(model)
+    if answer is None:
+        from adapters._eventstream import encode_message
+
+        sse = answer_for(model)
+        spec = spec_for(model)
+        headers = {":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"}
+        frames = []
+        for i, event in enumerate(spec.events):
+            if event["type"] == "message_stop":
+                metrics = {
+                    "inputTokenCount": spec.knobs.input_tokens,
+                    "outputTokenCount": spec.knobs.deltas,
+                    "invocationLatency": 900,
+                    "firstByteLatency": 90,
+                }
+                event = {**event, "amazon-bedrock-invocationMetrics": metrics}
+            padding = "abcdefghijklmnopqrstuvwxyz"[: 3 + i % 20]
+            payload = {"bytes": base64.b64encode(_json(event)).decode(), "p": padding}
+            frames.append(encode_message(headers, _json(payload)))  # type: ignore[arg-type]
+        head = _head(200, "application/vnd.amazon.eventstream", "transfer-encoding: chunked\r\n")
+        paced = [head + _chunk(frames[0])] + [_chunk(f) for f in frames[1:]]
+        paced[-1] += b"0\r\n\r\n"
+        answer = Answer(
+            json=sse.json,
+            stream=head + _chunk(b"".join(frames)) + b"0\r\n\r\n",
+            paced=tuple(paced),
+            events=sse.events,
+            pace_s=sse.pace_s,
+            first_s=sse.first_s,
+            lead_in=sse.lead_in,
+        )
+        if len(_BEDROCK_ANSWERS) < 1024:
+            _BEDROCK_ANSWERS[model] = answer
+    return answer
 
 
 def answer_for(model: str) -> Answer:
@@ -261,6 +307,20 @@ class _Protocol(asyncio.Protocol):
                 asyncio.get_running_loop().call_later(answer.first_s, self._start, answer, stream)
             else:
                 self._start(answer, stream)
+            return None
+        if path.startswith(b"/model/") and method == b"POST":
+            parts = path.split(b"/")
+            operation = parts[-1]
+            if len(parts) != 4 or operation not in (b"invoke", b"invoke-with-response-stream"):
+                return self._write(_error(404, "not_found_error", "unknown Bedrock operation"))
+            model = unquote(parts[2].decode())
+            Stats.requests += 1
+            bedrock = bedrock_answer_for(model)
+            if bedrock.first_s > 0:
+                loop = asyncio.get_running_loop()
+                loop.call_later(bedrock.first_s, self._start, bedrock, operation != b"invoke")
+            else:
+                self._start(bedrock, operation != b"invoke")
             return None
         if path == b"/cpu":
             stats = {
