@@ -343,3 +343,103 @@ models: {{"*": {{targets: [{{provider: b}}]}}}}
         resp = httpx.post(f"{running.url}/v1/messages", json={"model": "fake-text", **KW})
     assert resp.status_code == 200
     assert fake.requests[-1].auth == "bearer"
+
+
+# --- api: converse ------------------------------------------------------------------------------------------
+
+
+def converse_fixture(name: str) -> list[dict[str, Any]]:
+    import json
+
+    return json.loads((CONVERSE_DIR / f"{name}.json").read_text())
+
+
+def test_converse_text(fake: FakeBedrock, gw: RunningGateway) -> None:
+    got, events = streamed(via(gw), "converse-text")
+    deltas = [e for e in converse_fixture("text") if e.get("event") == "contentBlockDelta"]
+    assert got["content"][0]["text"] == "".join(d["payload"]["delta"]["text"] for d in deltas)
+    metadata = next(e for e in converse_fixture("text") if e.get("event") == "metadata")["payload"]["usage"]
+    assert got["usage"]["input_tokens"] == metadata["inputTokens"]
+    assert got["usage"]["output_tokens"] == metadata["outputTokens"]
+    assert got["stop_reason"] == "end_turn" and got["model"] == "converse-text"
+    assert events[0]["type"] == "message_start" and events[-1]["type"] == "message_stop"
+    request = fake.requests[-1]
+    assert request.operation == "converse-stream" and request.auth == "sigv4"
+    assert request.json["messages"] == [{"role": "user", "content": [{"text": "Hello"}]}]
+    assert request.json["inferenceConfig"]["maxTokens"] == 1024
+
+
+def test_converse_tool_use(fake: FakeBedrock, gw: RunningGateway) -> None:
+    tools = [{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}}]
+    got, _ = streamed(via(gw), "converse-tool_use", tools=tools, tool_choice={"type": "any"})
+    uses = [b for b in got["content"] if b["type"] == "tool_use"]
+    assert uses and isinstance(uses[0]["input"], dict) and uses[0]["input"]
+    assert got["stop_reason"] == "tool_use"
+    config = fake.requests[-1].json["toolConfig"]
+    assert config["tools"][0]["toolSpec"]["name"] == "get_weather" and config["toolChoice"] == {"any": {}}
+
+
+def test_converse_reasoning_keeps_the_signature(fake: FakeBedrock, gw: RunningGateway) -> None:
+    got, _ = streamed(via(gw), "converse-reasoning", thinking={"type": "enabled", "budget_tokens": 2048})
+    thinking = got["content"][0]
+    signature = next(
+        e["payload"]["delta"]["reasoningContent"]["signature"]
+        for e in converse_fixture("reasoning")
+        if "signature" in e.get("payload", {}).get("delta", {}).get("reasoningContent", {})
+    )
+    assert thinking["type"] == "thinking" and thinking["signature"] == signature
+    assert got["content"][1]["type"] == "text"
+    extra = fake.requests[-1].json["additionalModelRequestFields"]
+    assert extra["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+
+
+def test_converse_citations_one_per_delta(fake: FakeBedrock, gw: RunningGateway) -> None:
+    resp = raw_stream(gw, "converse-citations")
+    assert event_names(resp)[-1] == "message_stop"
+    got, events = streamed(via(gw), "converse-citations")
+    citation_deltas = [
+        e for e in events if e["type"] == "content_block_delta" and e["delta"]["type"] == "citations_delta"
+    ]
+    sources = [e for e in converse_fixture("citations") if "citation" in e.get("payload", {}).get("delta", {})]
+    assert len(citation_deltas) == len(sources)
+    cited = [c for b in got["content"] if b["type"] == "text" for c in (b.get("citations") or [])]
+    assert [c["type"] for c in cited] == ["char_location", "char_location", "page_location"]
+    assert cited[2]["cited_text"] == "Revenue grew 4% in Q3."
+
+
+def test_converse_cache_usage(fake: FakeBedrock, gw: RunningGateway) -> None:
+    got, _ = streamed(via(gw), "converse-metadata_cache")
+    usage = next(e for e in converse_fixture("metadata_cache") if e.get("event") == "metadata")["payload"]["usage"]
+    assert got["usage"]["cache_read_input_tokens"] == usage.get("cacheReadInputTokens", 0)
+    assert got["usage"]["cache_creation_input_tokens"] == usage.get("cacheWriteInputTokens", 0)
+
+
+def test_converse_exception_mid_stream(fake: FakeBedrock, gw: RunningGateway) -> None:
+    resp = raw_stream(gw, "converse-exception")
+    names = event_names(resp)
+    assert names[-1] == "error" and "message_stop" not in names
+
+
+def test_converse_non_streaming(fake: FakeBedrock, gw: RunningGateway) -> None:
+    got = via(gw).messages.create(model="converse-reasoning", **KW).model_dump(warnings=False)
+    streamed_got, _ = streamed(via(gw), "converse-reasoning")
+    assert fake.requests[-2].operation == "converse"
+    assert [b["type"] for b in got["content"]] == [b["type"] for b in streamed_got["content"]]
+    assert got["content"][1]["text"] == streamed_got["content"][1]["text"]
+    assert got["usage"]["output_tokens"] == streamed_got["usage"]["output_tokens"]
+
+
+def test_converse_rejects_what_it_cannot_express(fake: FakeBedrock, gw: RunningGateway) -> None:
+    tools = [{"name": "t", "input_schema": {"type": "object"}}]
+    with pytest.raises(anthropic.BadRequestError) as info:
+        via(gw).messages.create(model="converse-text", tools=tools, tool_choice={"type": "none"}, **KW)
+    assert info.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert "tool_choice" in info.value.body["error"]["message"]  # type: ignore[index]
+    assert fake.requests == []  # rejected before anything was sent
+
+
+def test_converse_count_tokens(fake: FakeBedrock, gw: RunningGateway) -> None:
+    result = via(gw).messages.count_tokens(model="converse-text", messages=KW["messages"])
+    assert result.input_tokens > 0
+    request = fake.requests[-1]
+    assert request.operation == "count-tokens" and "converse" in request.json["input"]

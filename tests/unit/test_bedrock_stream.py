@@ -11,8 +11,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adapters._bedrock_stream import BedrockEventStream
 from adapters._eventstream import encode_message
-from adapters.bedrock import BedrockEventStream
 from gateway.validate import StreamValidator
 from tests.fakes.claude_api import get_scenario
 

@@ -1,0 +1,295 @@
+"""Bedrock's response streams as canonical batches: InvokeModelWithResponseStream (``chunk`` frames carrying
+first-party events) and ConverseStream (through the sans-IO ``ConverseTranscoder``); and Bedrock's errors
+as Anthropic ones (protocols.md §3.5, §6)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
+
+import msgspec
+
+from gateway.errors import UpstreamStatusError, error_type_for_status
+from gateway.events import Batch, ErrorDetail, ErrorEvent, Usage, decode_views, encode_event
+from gateway.upstream import StreamInterrupted, UpstreamResponse
+from gateway.usage import fold_usage
+
+from ._converse import ConverseTranscoder
+from ._eventstream import EventStreamDecoder, EventStreamError, EventStreamMessage, parse_headers
+from .base import batch_of_block
+
+__all__ = [
+    "BEDROCK_ERRORS",
+    "STREAM_EXCEPTIONS",
+    "BedrockEventStream",
+    "ConverseEventStream",
+    "bedrock_error",
+    "decode_json",
+    "error_batch",
+    "raise_for_bedrock",
+]
+
+# protocols.md §3.5: Bedrock exception name -> (HTTP status, Anthropic error type) for the client.
+BEDROCK_ERRORS: dict[str, tuple[int, str]] = {
+    "ValidationException": (400, "invalid_request_error"),
+    "ServiceQuotaExceededException": (429, "rate_limit_error"),
+    "AccessDeniedException": (403, "permission_error"),
+    "ResourceNotFoundException": (404, "not_found_error"),
+    "ModelTimeoutException": (504, "timeout_error"),
+    "ThrottlingException": (429, "rate_limit_error"),
+    "ModelNotReadyException": (529, "overloaded_error"),
+    "ModelErrorException": (500, "api_error"),
+    "ModelStreamErrorException": (500, "api_error"),
+    "InternalServerException": (500, "api_error"),
+    "ServiceUnavailableException": (529, "overloaded_error"),
+}
+
+# §6: exception members of the response stream -> Anthropic error type of the terminal `error` event.
+STREAM_EXCEPTIONS: dict[str, str] = {
+    "throttlingException": "rate_limit_error",
+    "serviceUnavailableException": "overloaded_error",
+    "modelTimeoutException": "timeout_error",
+    "validationException": "invalid_request_error",
+    "internalServerException": "api_error",
+    "modelStreamErrorException": "api_error",
+}
+
+_METRICS_KEY = "amazon-bedrock-invocationMetrics"
+_METRICS_BYTES = _METRICS_KEY.encode()
+
+
+class _Chunk(msgspec.Struct):
+    data: bytes = msgspec.field(default=b"", name="bytes")  # base64 in the JSON; padding ("p") is ignored
+
+
+class _InvocationMetrics(msgspec.Struct, rename="camel"):
+    input_token_count: int | None = None
+    output_token_count: int | None = None
+    cache_read_input_token_count: int | None = None
+    cache_write_input_token_count: int | None = None
+
+
+class _AwsErrorBody(msgspec.Struct):
+    message: str | None = None
+    Message: str | None = None
+    type_: str | None = msgspec.field(default=None, name="__type")
+
+
+_decode_chunk = msgspec.json.Decoder(_Chunk).decode
+_decode_chunks = msgspec.json.Decoder(list[_Chunk]).decode
+_decode_fields = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+_decode_metrics = msgspec.json.Decoder(_InvocationMetrics).decode
+_decode_error_body = msgspec.json.Decoder(_AwsErrorBody).decode
+decode_json = msgspec.json.Decoder(dict[str, Any]).decode
+_encode = msgspec.json.Encoder().encode
+
+
+def _error_data(error_type: str, message: str) -> bytes:
+    return encode_event(ErrorEvent(error=ErrorDetail(type=error_type, message=message)))
+
+
+def error_batch(error_type: str, message: str) -> Batch:
+    data = _error_data(error_type, message)
+    return Batch(decode_views([data]), [data])
+
+
+def bedrock_error(status: int, error_code: str | None, message: str, provider: str) -> UpstreamStatusError:
+    """A pre-stream Bedrock failure as the Anthropic error the client's SDK understands (§3.5)."""
+    name = (error_code or "").split(":", 1)[0].rsplit("#", 1)[-1]
+    mapped = BEDROCK_ERRORS.get(name)
+    client_status, error_type = mapped if mapped else (status, error_type_for_status(status))
+    if not message:
+        message = f"provider {provider!r} answered HTTP {status}" + (f" ({name})" if name else "")
+    return UpstreamStatusError(client_status, error_type, message)
+
+
+async def raise_for_bedrock(resp: UpstreamResponse, provider: str) -> None:
+    status = resp.status
+    if 200 <= status < 300:
+        return
+    body = await resp.read()
+    try:
+        parsed = _decode_error_body(body)
+    except msgspec.DecodeError:
+        parsed = _AwsErrorBody(message=body[:300].decode("utf-8", "replace").strip() or None)
+    code = resp.headers.get("x-amzn-errortype") or parsed.type_
+    raise bedrock_error(status, code, parsed.message or parsed.Message or "", provider)
+
+
+class BedrockEventStream:
+    """InvokeModelWithResponseStream's event-stream → batches of first-party events."""
+
+    __slots__ = ("_name", "_on_mismatch", "_resp", "headers")
+
+    def __init__(self, resp: UpstreamResponse, provider: str, on_mismatch: Callable[[], None] | None) -> None:
+        self._resp = resp
+        self._name = provider
+        self._on_mismatch = on_mismatch
+        self.headers: dict[str, str] = {}
+
+    async def batches(self) -> AsyncGenerator[Batch]:
+        decoder = EventStreamDecoder()
+        chunk_headers = b""  # the header block of this stream's chunk frames, once seen
+        usage = Usage()
+        try:
+            async for received in self._resp.chunks():
+                failure: bytes | None = None
+                try:
+                    frames = decoder.feed_raw(received)
+                except EventStreamError as exc:  # what arrived intact before the damage still goes out
+                    frames = exc.decoded
+                    failure = _error_data("api_error", f"provider {self._name!r}: damaged event stream: {exc}")
+                if not frames and failure is None:
+                    continue
+                payloads: list[bytes] = []
+                for raw_headers, payload in frames:
+                    if raw_headers == chunk_headers:
+                        payloads.append(payload)
+                        continue
+                    headers = parse_headers(raw_headers)
+                    kind = headers.get(":message-type")
+                    if kind == "event":
+                        if headers.get(":event-type") == "chunk":
+                            chunk_headers = raw_headers
+                            payloads.append(payload)
+                    else:
+                        failure = self._failure(EventStreamMessage(headers, payload))
+                        break
+                datas = self._chunk_datas(payloads) if payloads else []
+                if failure is None and len(datas) < len(payloads):
+                    failure = _error_data("api_error", f"provider {self._name!r}: undecodable event-stream chunk")
+                if failure is not None:
+                    datas.append(failure)
+                if not datas:
+                    continue
+                views = decode_views(datas)
+                for i, view in enumerate(views):
+                    etype = view.type
+                    if etype == "message_delta" or etype == "message_start":
+                        usage = fold_usage(usage, view)
+                    elif etype == "message_stop" and _METRICS_BYTES in datas[i]:
+                        datas[i] = self._strip_metrics(datas[i], usage)
+                yield Batch(views, datas)
+                if failure is not None:
+                    return
+            decoder.close()
+        except EventStreamError as exc:
+            yield error_batch("api_error", f"provider {self._name!r}: damaged event stream: {exc}")
+        except StreamInterrupted as exc:
+            if decoder.pending:  # the connection broke inside a frame
+                message = f"provider {self._name!r}: connection lost inside an event-stream frame"
+                raise StreamInterrupted(message) from exc
+            raise
+
+    @staticmethod
+    def _chunk_datas(payloads: list[bytes]) -> list[bytes]:
+        """Each chunk's event bytes (``{"bytes": <base64>, "p": <padding>}``), all decoded in one call; when one
+        is malformed, the ones before it (fewer than ``payloads``)."""
+        try:
+            return [c.data for c in _decode_chunks(b"[" + b",".join(payloads) + b"]")]
+        except msgspec.DecodeError:
+            datas = []
+            for payload in payloads:
+                try:
+                    datas.append(_decode_chunk(payload).data)
+                except msgspec.DecodeError:
+                    break
+            return datas
+
+    def _failure(self, message: EventStreamMessage) -> bytes:
+        headers = message.headers
+        if headers.get(":message-type") == "exception":
+            name = str(headers.get(":exception-type", ""))
+            try:
+                body = _decode_error_body(message.payload)
+                text = body.message or body.Message or ""
+            except msgspec.DecodeError:
+                text = ""
+            error_type = STREAM_EXCEPTIONS.get(name, "api_error")
+            return _error_data(error_type, text or f"provider {self._name!r}: {name or 'exception'} mid-stream")
+        code = _text(headers.get(":error-code"))
+        text = _text(headers.get(":error-message")) or "error"
+        return _error_data("api_error", f"provider {self._name!r}: {code}: {text}" if code else text)
+
+    def _strip_metrics(self, data: bytes, usage: Usage) -> bytes:
+        """``message_stop`` without Bedrock's metrics; the metrics are checked against the stream's usage."""
+        fields = _decode_fields(data)
+        raw = fields.pop(_METRICS_KEY, None)
+        if raw is not None and self._on_mismatch is not None and _mismatch(_decode_metrics(raw), usage):
+            self._on_mismatch()
+        return _encode(fields)
+
+    async def aclose(self) -> None:
+        await self._resp.aclose()
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
+
+
+def _mismatch(metrics: _InvocationMetrics, usage: Usage) -> bool:
+    pairs = (
+        (metrics.input_token_count, usage.input_tokens),
+        (metrics.output_token_count, usage.output_tokens),
+        (metrics.cache_read_input_token_count, usage.cache_read_input_tokens),
+        (metrics.cache_write_input_token_count, usage.cache_creation_input_tokens),
+    )
+    return any(reported is not None and reported != (ours or 0) for reported, ours in pairs)
+
+
+class ConverseEventStream:
+    """ConverseStream's event-stream → the canonical sequence, through the sans-IO ``ConverseTranscoder``."""
+
+    __slots__ = ("_message_id", "_model", "_name", "_resp", "headers")
+
+    def __init__(self, resp: UpstreamResponse, provider: str, *, model: str, message_id: str) -> None:
+        self._resp = resp
+        self._name = provider
+        self._model = model
+        self._message_id = message_id
+        self.headers: dict[str, str] = {}
+
+    async def batches(self) -> AsyncGenerator[Batch]:
+        transcoder = ConverseTranscoder(model=self._model, message_id=self._message_id)
+        decoder = EventStreamDecoder()
+        try:
+            async for chunk in self._resp.chunks():
+                out: list[bytes] = []
+                failed = False
+                for message in decoder.feed(chunk):
+                    headers = message.headers
+                    kind = headers.get(":message-type")
+                    payload = decode_json(message.payload) if message.payload else {}
+                    if kind == "event":
+                        out.append(transcoder.feed(str(headers.get(":event-type", "")), payload))
+                    elif kind == "exception":
+                        out.append(transcoder.exception(str(headers.get(":exception-type", "")), payload))
+                        failed = True
+                        break
+                    else:
+                        text = f"{_text(headers.get(':error-code')) or 'error'}: {_text(headers.get(':error-message'))}"
+                        out.append(_sse_error("api_error", f"provider {self._name!r}: {text}"))
+                        failed = True
+                        break
+                block = b"".join(out)
+                if block:
+                    yield batch_of_block(block)
+                if failed:
+                    return
+            decoder.close()
+            tail = transcoder.close()
+            if tail:
+                yield batch_of_block(tail)
+        except EventStreamError as exc:
+            yield error_batch("api_error", f"provider {self._name!r}: damaged event stream: {exc}")
+        except (msgspec.DecodeError, TypeError, KeyError) as exc:
+            yield error_batch("api_error", f"provider {self._name!r}: undecodable Converse event: {exc}")
+
+    async def aclose(self) -> None:
+        await self._resp.aclose()
+
+
+def _sse_error(error_type: str, message: str) -> bytes:
+    return b"event: error\ndata: " + _error_data(error_type, message) + b"\n\n"
