@@ -10,7 +10,8 @@ from typing import Any
 import msgspec
 
 from gateway.errors import UpstreamStatusError, error_type_for_status
-from gateway.events import Batch, ErrorDetail, ErrorEvent, Usage, decode_views, encode_event
+from gateway.events import Batch, ErrorDetail, ErrorEvent, EventView, Usage, decode_views, encode_event
+from gateway.sse import encode_frames
 from gateway.upstream import StreamInterrupted, UpstreamResponse
 from gateway.usage import fold_usage
 
@@ -130,7 +131,8 @@ class BedrockEventStream:
     async def batches(self) -> AsyncGenerator[Batch]:
         decoder = EventStreamDecoder()
         chunk_headers = b""  # the header block of this stream's chunk frames, once seen
-        usage = Usage()
+        start: EventView | None = None  # message_start, and the batch before this one: for the metrics check
+        previous: list[EventView] = []
         try:
             async for received in self._resp.chunks():
                 failure: bytes | None = None
@@ -163,13 +165,17 @@ class BedrockEventStream:
                 if not datas:
                     continue
                 views = decode_views(datas)
-                for i, view in enumerate(views):
-                    etype = view.type
-                    if etype == "message_delta" or etype == "message_start":
-                        usage = fold_usage(usage, view)
-                    elif etype == "message_stop" and _METRICS_BYTES in datas[i]:
-                        datas[i] = self._strip_metrics(datas[i], usage)
-                yield Batch(views, datas)
+                if start is None and views[0].type == "message_start":
+                    start = views[0]
+                for i in (len(views) - 1, *range(len(views) - 1)) if _METRICS_BYTES in datas[-1] else ():
+                    if views[i].type == "message_stop" and _METRICS_BYTES in datas[i]:  # the last, as a rule
+                        datas[i] = self._strip_metrics(datas[i], start, previous + views[:i])
+                        break
+                raw = encode_frames(views, datas)
+                if raw.count(b"\n") != 3 * len(datas) or b"\r" in raw or _METRICS_BYTES in raw:
+                    raw = self._rewrite(views, datas, start, previous)  # multi-line JSON; metrics elsewhere
+                yield Batch(views, datas, raw)
+                previous = views
                 if failure is not None:
                     return
             decoder.close()
@@ -180,6 +186,19 @@ class BedrockEventStream:
                 message = f"provider {self._name!r}: connection lost inside an event-stream frame"
                 raise StreamInterrupted(message) from exc
             raise
+
+    def _rewrite(
+        self, views: list[EventView], datas: list[bytes], start: EventView | None, previous: list[EventView]
+    ) -> bytes:
+        """The slow path of a batch: events put on one line, Bedrock's metrics removed wherever they are.
+        ``datas`` is changed in place; returns the batch's SSE."""
+        for i, view in enumerate(views):
+            data = datas[i]
+            if b"\n" in data or b"\r" in data:
+                datas[i] = data = msgspec.json.format(data, indent=-1)  # the same JSON on one line
+            if view.type == "message_stop" and _METRICS_BYTES in data:
+                datas[i] = self._strip_metrics(data, start, previous + views[:i])
+        return encode_frames(views, datas)
 
     @staticmethod
     def _chunk_datas(payloads: list[bytes]) -> list[bytes]:
@@ -211,12 +230,18 @@ class BedrockEventStream:
         text = _text(headers.get(":error-message")) or "error"
         return _error_data("api_error", f"provider {self._name!r}: {code}: {text}" if code else text)
 
-    def _strip_metrics(self, data: bytes, usage: Usage) -> bytes:
-        """``message_stop`` without Bedrock's metrics; the metrics are checked against the stream's usage."""
+    def _strip_metrics(self, data: bytes, start: EventView | None, before: list[EventView]) -> bytes:
+        """``message_stop`` without Bedrock's metrics, which are checked against the stream's usage: the
+        ``message_start`` and the last ``message_delta`` before the stop (in ``before``)."""
         fields = _decode_fields(data)
         raw = fields.pop(_METRICS_KEY, None)
-        if raw is not None and self._on_mismatch is not None and _mismatch(_decode_metrics(raw), usage):
-            self._on_mismatch()
+        if raw is not None and self._on_mismatch is not None:
+            usage = fold_usage(Usage(), start) if start is not None else Usage()
+            delta = next((v for v in reversed(before) if v.type == "message_delta"), None)
+            if delta is not None:
+                usage = fold_usage(usage, delta)
+            if _mismatch(_decode_metrics(raw), usage):
+                self._on_mismatch()
         return _encode(fields)
 
     async def aclose(self) -> None:

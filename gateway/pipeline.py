@@ -24,7 +24,7 @@ from gateway.events import Batch, UsageView
 from gateway.metrics import Metrics
 from gateway.request import ProxyRequest
 from gateway.routing import Route, Target
-from gateway.sse import encode_frame
+from gateway.sse import encode_frames
 from gateway.upstream import StreamInterrupted
 from gateway.usage import Outcome, UsageTally, usage_of
 from gateway.validate import KNOWN_EVENTS, State, StreamValidator, Violation
@@ -145,8 +145,7 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
             if sent == len(views) and batch.raw is not None:
                 yield batch.raw
             elif sent or failure:
-                datas = batch.datas
-                yield b"".join([encode_frame(views[j].type, datas[j]) for j in range(sent)]) + failure
+                yield (encode_frames(views[:sent], batch.datas[:sent]) if sent else b"") + failure
             if validator.state >= State.DONE:
                 return
             try:

@@ -8,9 +8,19 @@ character split across reads needs no special care.
 
 from __future__ import annotations
 
-from gateway.events import KNOWN_EVENTS
+from collections.abc import Sequence
 
-__all__ = ["SseDecoder", "SseFrame", "encode_frame", "frame_header", "split_block", "split_canonical"]
+from gateway.events import KNOWN_EVENTS, EventView
+
+__all__ = [
+    "SseDecoder",
+    "SseFrame",
+    "encode_frame",
+    "encode_frames",
+    "frame_header",
+    "split_block",
+    "split_canonical",
+]
 
 
 class SseFrame:
@@ -144,3 +154,15 @@ _HEADERS = {name: b"event: " + name.encode() + b"\ndata: " for name in KNOWN_EVE
 def encode_frame(event_type: str, data: bytes) -> bytes:
     """One canonical frame: ``event: <type>`` then a single ``data:`` line, then a blank line."""
     return frame_header(event_type) + data + b"\n\n"
+
+
+def encode_frames(views: Sequence[EventView], datas: Sequence[bytes]) -> bytes:
+    """The canonical frames of many events at once (each ``data`` single-line JSON): one join, not one
+    concatenation per event."""
+    if not datas:
+        return b""
+    headers = _HEADERS
+    try:
+        return b"\n\n".join([headers[view.type] + data for view, data in zip(views, datas, strict=True)]) + b"\n\n"
+    except KeyError:  # an event type this gateway does not know
+        return b"\n\n".join([frame_header(view.type) + data for view, data in zip(views, datas, strict=True)]) + b"\n\n"

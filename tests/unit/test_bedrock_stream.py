@@ -146,3 +146,10 @@ def test_stream_ending_inside_a_frame_is_an_error() -> None:
     got = run([data[:-10]])
     assert got[-1][0] == "error" and b"ended inside a message" in got[-1][1]
     assert "message_stop" not in [t for t, _ in got]
+
+
+def test_multi_line_json_is_put_on_one_line() -> None:
+    pretty = json.dumps(EVENTS[1], indent=2).replace("\n", "\r\n").encode()
+    frame = encode_message(CHUNK, json.dumps({"bytes": base64.b64encode(pretty).decode()}).encode())  # type: ignore[arg-type]
+    got = run([chunk(EVENTS[0]) + frame + body(EVENTS[2:])])
+    assert got == expected()
