@@ -8,15 +8,18 @@ from gateway.settings import (
     BedrockMantleProvider,
     BedrockProvider,
     ClaudeAwsProvider,
+    FoundryProvider,
     MockProvider,
     ProviderConfig,
+    VertexProvider,
 )
 from gateway.upstream import HttpClient
 
 from .base import Adapter
 from .bedrock import BedrockAdapter
-from .claude import ClaudeAdapter, claude_aws_adapter, mantle_adapter
+from .claude import ClaudeAdapter, claude_aws_adapter, foundry_adapter, mantle_adapter
 from .mock import MockAdapter
+from .vertex import VertexAdapter
 
 __all__ = ["Adapter", "build_adapter"]
 
@@ -34,3 +37,7 @@ def build_adapter(name: str, config: ProviderConfig, client: HttpClient, metrics
             return mantle_adapter(name, config, client)
         case ClaudeAwsProvider():
             return claude_aws_adapter(name, config, client)
+        case VertexProvider():
+            return VertexAdapter(name, config, client)
+        case FoundryProvider():
+            return foundry_adapter(name, config, client)

@@ -82,6 +82,8 @@ def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
 class _ErrorBody(msgspec.Struct):
     type: str = ""
     message: str = ""
+    code: int | str | None = None  # Google (int) and Azure (str) error shapes
+    status: str = ""  # Google: RESOURCE_EXHAUSTED, UNAVAILABLE, ...
 
 
 class _Envelope(msgspec.Struct):
@@ -89,22 +91,43 @@ class _Envelope(msgspec.Struct):
     error: _ErrorBody | None = None
 
 
-_decode_envelope = msgspec.json.Decoder(_Envelope).decode
+_decode_envelope = msgspec.json.Decoder(_Envelope | list[_Envelope]).decode
+
+# Google's canonical error codes -> (client status, Anthropic error type), where the HTTP status alone misleads.
+_GOOGLE_STATUS = {
+    "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
+    "UNAVAILABLE": (529, "overloaded_error"),
+    "DEADLINE_EXCEEDED": (504, "timeout_error"),
+    "UNAUTHENTICATED": (401, "authentication_error"),
+    "PERMISSION_DENIED": (403, "permission_error"),
+    "NOT_FOUND": (404, "not_found_error"),
+}
 
 
 async def raise_for_upstream(resp: UpstreamResponse, provider: str) -> None:
-    """Map a non-2xx provider answer to the same status and error type, keeping its own envelope."""
+    """Map a non-2xx provider answer to an Anthropic error. The Anthropic envelope is kept as it came; the
+    Google (``{"error":{"code","message","status"}}``, possibly inside a list) and Azure
+    (``{"error":{"code","message"}}``) shapes become the envelope with the matching type."""
     status = resp.status
     if 200 <= status < 300:
         return
     body = await resp.read()
     headers = forwardable_headers(resp.headers)
     try:
-        parsed = _decode_envelope(body)
+        decoded = _decode_envelope(body)
+        parsed = decoded[0] if isinstance(decoded, list) and decoded else decoded
     except msgspec.DecodeError:
         parsed = _Envelope()
-    if parsed.type == "error" and parsed.error is not None and parsed.error.type:
-        raise UpstreamStatusError(status, parsed.error.type, parsed.error.message, headers=headers, body=body)
+    if not isinstance(parsed, _Envelope):
+        parsed = _Envelope()
+    error = parsed.error
+    if parsed.type == "error" and error is not None and error.type:
+        raise UpstreamStatusError(status, error.type, error.message, headers=headers, body=body)
+    if error is not None and error.message:  # Google / Azure shape
+        client_status, error_type = _GOOGLE_STATUS.get(error.status, (status, error_type_for_status(status)))
+        if status == 503 and not error.status:
+            client_status, error_type = 529, "overloaded_error"
+        raise UpstreamStatusError(client_status, error_type, error.message, headers=headers)
     text = body[:300].decode("utf-8", "replace").strip()
     message = f"provider {provider!r} answered HTTP {status}" + (f": {text}" if text else "")
     raise UpstreamStatusError(status, error_type_for_status(status), message, headers=headers)

@@ -8,13 +8,20 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 
 from gateway.request import ProxyRequest
-from gateway.settings import AnthropicProvider, BedrockMantleProvider, ClaudeAwsProvider
+from gateway.settings import AnthropicProvider, BedrockMantleProvider, ClaudeAwsProvider, FoundryProvider
 from gateway.upstream import HttpClient, Timeouts, UpstreamResponse
 
 from ._aws import CredentialSource, SigV4Signer, sigv4_headers
 from .base import JsonReply, SseEventStream, forwardable_headers, raise_for_upstream
 
-__all__ = ["DEFAULT_VERSION", "ClaudeAdapter", "aws_region", "claude_aws_adapter", "mantle_adapter"]
+__all__ = [
+    "DEFAULT_VERSION",
+    "ClaudeAdapter",
+    "aws_region",
+    "claude_aws_adapter",
+    "foundry_adapter",
+    "mantle_adapter",
+]
 
 DEFAULT_VERSION = "2023-06-01"
 USER_AGENT = "messages-gateway/0.1"
@@ -38,6 +45,7 @@ class ClaudeAdapter:
         extra_headers: Mapping[str, str] | None = None,
         sign: Sign | None = None,
         kind: str = "anthropic",
+        on_close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.name = name
         self.kind = kind
@@ -50,6 +58,7 @@ class ClaudeAdapter:
         self._forward_client_key = forward_client_key
         self._extra_headers = dict(extra_headers or {})
         self._sign = sign
+        self._on_close = on_close
 
     @classmethod
     def from_config(cls, name: str, config: AnthropicProvider, client: HttpClient) -> ClaudeAdapter:
@@ -108,7 +117,8 @@ class ClaudeAdapter:
         return JsonReply(resp.status, await resp.read(), forwardable_headers(resp.headers))
 
     async def aclose(self) -> None:
-        return None
+        if self._on_close is not None:
+            await self._on_close()
 
 
 def aws_region(configured: str | None, profile: str | None = None) -> str:
@@ -192,4 +202,31 @@ def claude_aws_adapter(name: str, config: ClaudeAwsProvider, client: HttpClient)
         region=region,
         kind="claude_aws",
         extra_headers={"anthropic-workspace-id": config.workspace_id},
+    )
+
+
+def foundry_adapter(name: str, config: FoundryProvider, client: HttpClient) -> ClaudeAdapter:
+    """Microsoft Foundry: the first-party API under ``/anthropic``; the key as both ``x-api-key`` and ``api-key``
+    (as the SDK sends it), or an Entra ID bearer token."""
+    from ._entra import EntraTokenSource
+
+    base_url = config.base_url or f"https://{config.resource}.services.ai.azure.com/anthropic"
+    sign: Sign | None = None
+    on_close: Callable[[], Awaitable[None]] | None = None
+    if config.entra is not None:
+        tokens = EntraTokenSource(provider=name, settings=config.entra)
+
+        async def bearer(method: str, url: str, headers: Mapping[str, str], body: bytes) -> dict[str, str]:
+            return {**headers, "authorization": f"Bearer {await tokens.token()}"}
+
+        sign, on_close = bearer, tokens.aclose
+    return ClaudeAdapter(
+        name,
+        client,
+        base_url=base_url,
+        timeouts=Timeouts(config.connect_timeout_s, config.read_timeout_s),
+        key_headers={"x-api-key": config.api_key, "api-key": config.api_key} if config.api_key else None,
+        sign=sign,
+        kind="foundry",
+        on_close=on_close,
     )

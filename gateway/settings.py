@@ -23,12 +23,15 @@ __all__ = [
     "BedrockProvider",
     "ClaudeAwsProvider",
     "ConfigError",
+    "EntraSettings",
+    "FoundryProvider",
     "MockProvider",
     "ModelRoute",
     "ProviderConfig",
     "ServerSettings",
     "Settings",
     "TargetConfig",
+    "VertexProvider",
     "default_config_path",
     "load_settings",
     "parse_settings",
@@ -114,7 +117,55 @@ class ClaudeAwsProvider(_AwsAuth, tag="claude_aws", frozen=True, kw_only=True):
     signing_name: str = "aws-external-anthropic"
 
 
-ProviderConfig = AnthropicProvider | MockProvider | BedrockProvider | BedrockMantleProvider | ClaudeAwsProvider
+class VertexProvider(_Provider, tag="vertex", frozen=True, kw_only=True):
+    """Claude on Google Vertex AI (rawPredict / streamRawPredict)."""
+
+    project: str | None = None  # None: GOOGLE_CLOUD_PROJECT / ANTHROPIC_VERTEX_PROJECT_ID / the credentials'
+    region: str = "global"
+    credentials_file: str | None = None  # service-account / external-account / authorized-user JSON; None: ADC
+    base_url: str | None = None  # replaces https://{host}/v1, as ANTHROPIC_VERTEX_BASE_URL does
+    anthropic_version: str = "vertex-2023-10-16"
+
+
+class EntraSettings(_Strict, frozen=True, kw_only=True):
+    """Microsoft Entra ID. With ``client_secret``: that app registration; otherwise azure-identity's default
+    chain (environment, workload identity, managed identity with ``client_id``, Azure CLI)."""
+
+    tenant_id: str | None = None
+    client_id: str | None = None
+    client_secret: str | None = None
+    authority: str | None = None  # e.g. login.microsoftonline.us; default: the public cloud
+    scope: str = "https://ai.azure.com/.default"
+
+    def __post_init__(self) -> None:
+        if self.client_secret and not (self.tenant_id and self.client_id):
+            raise ValueError("entra.client_secret needs tenant_id and client_id")
+
+
+class FoundryProvider(_Provider, tag="foundry", frozen=True, kw_only=True):
+    """Claude on Microsoft Foundry: ``https://{resource}.services.ai.azure.com/anthropic`` (or ``base_url``)."""
+
+    resource: str | None = None
+    base_url: str | None = None  # ends in /anthropic, as ANTHROPIC_FOUNDRY_BASE_URL does
+    api_key: str | None = None
+    entra: EntraSettings | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.resource) == bool(self.base_url):
+            raise ValueError("set exactly one of resource and base_url")
+        if bool(self.api_key) == (self.entra is not None):
+            raise ValueError("set exactly one of api_key and entra")
+
+
+ProviderConfig = (
+    AnthropicProvider
+    | MockProvider
+    | BedrockProvider
+    | BedrockMantleProvider
+    | ClaudeAwsProvider
+    | VertexProvider
+    | FoundryProvider
+)
 
 
 class TargetConfig(_Strict, frozen=True, kw_only=True):
