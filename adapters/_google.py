@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import warnings
 from typing import Any
 
 from gateway.errors import GatewayError
@@ -75,9 +76,13 @@ class GoogleTokenSource:
         try:
             if self._credentials is None:
                 if self._file:
-                    credentials, project = google.auth.load_credentials_from_file(  # type: ignore[no-untyped-call]
-                        self._file, scopes=[CLOUD_PLATFORM]
-                    )
+                    # The operator's own file, trusted as GOOGLE_APPLICATION_CREDENTIALS is: google-auth's
+                    # generic loader (every credential type) with the warning it silences for ADC itself.
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", DeprecationWarning)
+                        credentials, project = google.auth.load_credentials_from_file(  # type: ignore[no-untyped-call]
+                            self._file, scopes=[CLOUD_PLATFORM]
+                        )
                 else:
                     credentials, project = google.auth.default(scopes=[CLOUD_PLATFORM])
                 self._credentials = credentials
