@@ -14,7 +14,11 @@ from __future__ import annotations
 import struct
 import uuid
 from typing import Union
-from zlib import crc32
+
+try:  # python-isal: CRC-32 by carry-less multiplication, no lookup tables to evict (see docs/benchmarks.md)
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover
+    from zlib import crc32
 
 __all__ = [
     "MAX_HEADERS_LENGTH",
