@@ -43,6 +43,8 @@ class EntraTokenSource:
 
         s = self._settings
         extra: dict[str, Any] = {"authority": s.authority} if s.authority else {}
+        if s.ca_file:
+            extra["connection_verify"] = s.ca_file
         if s.client_secret and s.tenant_id and s.client_id:
             return ClientSecretCredential(s.tenant_id, s.client_id, s.client_secret, **extra)
         if s.client_id:

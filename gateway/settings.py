@@ -136,6 +136,7 @@ class EntraSettings(_Strict, frozen=True, kw_only=True):
     client_secret: str | None = None
     authority: str | None = None  # e.g. login.microsoftonline.us; default: the public cloud
     scope: str = "https://ai.azure.com/.default"
+    ca_file: str | None = None  # a PEM bundle to trust for the authority (a private CA); default: the system's
 
     def __post_init__(self) -> None:
         if self.client_secret and not (self.tenant_id and self.client_id):
