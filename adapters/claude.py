@@ -72,7 +72,9 @@ class ClaudeAdapter:
         )
 
     def _headers(self, request: ProxyRequest, *, stream: bool) -> dict[str, str]:
+        # The client's forwarded extras first: what the gateway and the provider config set wins over them.
         headers = {
+            **request.extra_headers,
             "content-type": "application/json",
             "accept": "text/event-stream" if stream else "application/json",
             "anthropic-version": request.anthropic_version or DEFAULT_VERSION,

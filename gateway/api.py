@@ -11,7 +11,7 @@ from litestar import Request, Response, get, post
 from litestar.exceptions import HTTPException
 
 from gateway import pipeline
-from gateway.edge import authenticate, proxy_request, read_body
+from gateway.edge import authenticate, authorize, may_use, proxy_request, read_body
 from gateway.errors import GatewayError, InvalidRequest, NotFound, envelope, error_type_for_status, new_request_id
 from gateway.metrics import CONTENT_TYPE
 from gateway.request import parse_count_tokens
@@ -49,10 +49,11 @@ async def count_tokens(request: Request[Any, Any, Any]) -> Response[bytes]:
     gw = _gateway(request)
     rid = new_request_id()
     try:
-        client_auth = authenticate(gw.keys, request.headers)
+        client_auth, key = authenticate(gw.keys, request.headers)
         body = await _read_body(gw, request)
         head = parse_count_tokens(body)
         route = gw.routes.resolve(head.model)
+        authorize(key, route, head.model)
         proxied = proxy_request(
             request.headers,
             request.scope["query_string"].decode("latin-1"),
@@ -61,9 +62,10 @@ async def count_tokens(request: Request[Any, Any, Any]) -> Response[bytes]:
             stream=False,
             client_auth=client_auth,
             request_id=rid,
+            forward=gw.settings.server.forward_headers,
         )
         tally = UsageTally(gw.metrics, alias=route.alias)
-        reply = await pipeline.count_tokens(route, proxied, gw.metrics, tally)
+        reply = await pipeline.count_tokens(route, proxied, gw.metrics, tally, gw.resilience)
     except GatewayError as exc:
         return _error_response(exc, rid)
     return Response(
@@ -86,11 +88,11 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     gw = _gateway(request)
     rid = new_request_id()
     try:
-        authenticate(gw.keys, request.headers)
+        _, key = authenticate(gw.keys, request.headers)
     except GatewayError as exc:
         return _error_response(exc, rid)
     params = request.query_params
-    data = [_model_info(route) for route in gw.routes.aliases()]
+    data = [_model_info(route) for route in gw.routes.aliases() if may_use(key, route, route.alias)]
     ids = [m["id"] for m in data]
     if params.get("after_id") in ids:
         data = data[ids.index(params["after_id"]) + 1 :]
@@ -116,8 +118,10 @@ async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[
     rid = new_request_id()
     model_id = model_id.lstrip("/")
     try:
-        authenticate(gw.keys, request.headers)
+        _, key = authenticate(gw.keys, request.headers)
         route = gw.routes.resolve(model_id)
+        if not may_use(key, route, model_id):  # as if it did not exist: the key cannot list it either
+            raise NotFound(f"model {model_id!r} is not served by this gateway (see GET /v1/models)")
     except GatewayError as exc:
         return _error_response(exc, rid)
     info = _model_info(route, None if model_id == route.alias else model_id)

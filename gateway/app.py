@@ -12,10 +12,13 @@ from litestar import Litestar
 
 from adapters import Adapter, build_adapter
 from gateway.api import HANDLERS, exception_handlers
+from gateway.edge import build_keys
 from gateway.messages import messages_endpoint, method_not_allowed
 from gateway.metrics import Metrics
+from gateway.pipeline import Resilience
 from gateway.routing import RouteTable
 from gateway.settings import Settings
+from gateway.status import STATUS_HANDLERS
 from gateway.upstream import HttpClient, make_client
 
 __all__ = ["Gateway", "GatewayApp", "create_app"]
@@ -26,15 +29,18 @@ log = logging.getLogger("gateway")
 class Gateway:
     """Everything a request needs, built once per process from the settings."""
 
-    def __init__(self, settings: Settings, client: HttpClient, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, client: HttpClient, metrics: Metrics, resilience: Resilience | None = None
+    ) -> None:
         self.settings = settings
         self.client = client
         self.metrics = metrics
-        self.keys = [key.encode() for key in settings.auth.keys if key]
+        self.keys = build_keys(settings.auth.keys)
         self.adapters: dict[str, Adapter] = {
             name: build_adapter(name, config, client, metrics) for name, config in settings.providers.items()
         }
-        self.routes = RouteTable(settings.models, self.adapters)
+        self.routes = RouteTable(settings.models, self.adapters, settings.resilience.breaker)
+        self.resilience = resilience or Resilience(settings.resilience)
 
     async def aclose(self) -> None:
         for adapter in self.adapters.values():
@@ -58,12 +64,20 @@ class GatewayApp:
             await self.litestar(scope, receive, send)  # type: ignore[arg-type]
 
 
-def create_app(settings: Settings, *, metrics: Metrics | None = None, upstream_client: str = "aiohttp") -> GatewayApp:
+def create_app(
+    settings: Settings,
+    *,
+    metrics: Metrics | None = None,
+    upstream_client: str = "aiohttp",
+    resilience: Resilience | None = None,
+) -> GatewayApp:
+    """``resilience``: the retry policy, timeouts and clock to use instead of the settings' (tests inject a
+    fake clock and sleep)."""
     metrics = metrics or Metrics()
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        gateway = Gateway(settings, make_client(upstream_client), metrics)
+        gateway = Gateway(settings, make_client(upstream_client), metrics, resilience)
         if not gateway.keys:
             log.warning("auth.keys is empty: the gateway accepts requests without a key")
         app.state.gateway = gateway
@@ -77,7 +91,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None, upstream_c
 
     return GatewayApp(
         Litestar(
-            route_handlers=HANDLERS,
+            route_handlers=[*HANDLERS, *STATUS_HANDLERS],
             lifespan=[lifespan],
             exception_handlers=exception_handlers,
             request_max_body_size=None,

@@ -1,38 +1,156 @@
-"""What every route does at the edge, whichever server layer carries it: check the client's key, read
-the body within the size limit, and describe the request for adapters."""
+"""What every route does at the edge, whichever server layer carries it: check the client's key and what
+it may use, read the body within the size limit, apply the per-alias limits, and describe the request for
+adapters (with only the client headers the header policy lets through)."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
-from gateway.errors import AuthenticationError, RequestTooLarge
+from gateway.errors import AuthenticationError, InvalidRequest, PermissionDenied, RequestTooLarge
 from gateway.request import ProxyRequest
+from gateway.settings import ApiKey
 
-__all__ = ["authenticate", "proxy_request", "read_body"]
+if TYPE_CHECKING:
+    from gateway.routing import Route
+
+__all__ = [
+    "NEVER_FORWARDED",
+    "ClientKey",
+    "authenticate",
+    "authorize",
+    "build_keys",
+    "check_max_tokens",
+    "forwarded_headers",
+    "may_use",
+    "proxy_request",
+    "read_body",
+]
 
 _CLIENT_KEY_HEADERS = ("x-api-key", "authorization")
 
+NEVER_FORWARDED = frozenset(
+    {
+        # credentials: the client's key is the gateway's (forwarded only by `forward_client_key`)
+        "authorization",
+        "x-api-key",
+        "api-key",
+        "proxy-authorization",
+        "cookie",
+        # framing and hop-by-hop: the upstream connection has its own
+        "host",
+        "content-length",
+        "connection",
+        "transfer-encoding",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+    }
+)
+"""Client headers no ``server.forward_headers`` list can send upstream (listed ones are ignored)."""
 
-def authenticate(keys: list[bytes], headers: Mapping[str, str]) -> dict[str, str]:
-    """Check the client's key (``x-api-key`` or ``Authorization: Bearer``) against ``keys`` (none: open);
-    return the key headers the client sent (forwarded upstream only where a provider asks for that)."""
+_OWN_FIELDS = frozenset({"anthropic-version", "anthropic-beta"})  # carried in their own ProxyRequest fields
+
+
+def _digest(value: bytes) -> bytes:
+    return hashlib.sha256(value).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class ClientKey:
+    """An inbound API key: its name (safe to log), the key itself (never logged, never in a repr) and the
+    alias patterns it may use (``None``: every alias)."""
+
+    name: str
+    key: bytes = field(repr=False)
+    models: tuple[str, ...] | None = None
+    digest: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "digest", _digest(self.key))
+
+    def allows(self, alias: str, model: str | None = None) -> bool:
+        """Whether a pattern (``fnmatch`` glob, case-sensitive) matches ``alias`` or, when given, ``model``."""
+        if self.models is None:
+            return True
+        return any(fnmatchcase(alias, p) or (model is not None and fnmatchcase(model, p)) for p in self.models)
+
+
+def build_keys(entries: Iterable[str | ApiKey]) -> list[ClientKey]:
+    """The configured ``auth.keys``: a plain string is a key for every alias, named ``key-<position>`` (1-based,
+    counting every entry); empty strings (an unset ``${VAR:-}``) are skipped. When two entries hold the same
+    key, the first one is the one that matches."""
+    keys: list[ClientKey] = []
+    for position, entry in enumerate(entries, start=1):
+        if isinstance(entry, str):
+            if entry:
+                keys.append(ClientKey(name=f"key-{position}", key=entry.encode()))
+        else:
+            models = None if entry.models is None else tuple(entry.models)
+            keys.append(ClientKey(name=entry.name, key=entry.key.encode(), models=models))
+    return keys
+
+
+def authenticate(keys: Sequence[ClientKey], headers: Mapping[str, str]) -> tuple[dict[str, str], ClientKey | None]:
+    """Check the client's key (``x-api-key`` or ``Authorization: Bearer``) against ``keys`` (none: open).
+
+    Returns the key headers the client sent (forwarded upstream only where a provider asks for that) and the
+    matching key (``None`` when the gateway is open). Every candidate is compared with every key, each in
+    constant time over SHA-256 digests (so neither the position of a match nor a key's length shows in the
+    timing). Error messages never contain what the client sent."""
     sent = {name: headers[name] for name in _CLIENT_KEY_HEADERS if name in headers}
     if not keys:
-        return sent
+        return sent, None
     candidates = [sent.get("x-api-key", "").encode()]
     auth = sent.get("authorization", "")
     if auth[:7].lower() == "bearer ":
         candidates.append(auth[7:].strip().encode())
-    if not any(candidates):
+    candidates = [c for c in candidates if c]
+    if not candidates:
         raise AuthenticationError("missing API key: send it as x-api-key or Authorization: Bearer")
-    ok = False
-    for key in keys:  # every comparison runs, in constant time each
-        for candidate in candidates:
-            ok |= hmac.compare_digest(key, candidate)
-    if not ok:
+    matched: ClientKey | None = None
+    for candidate in map(_digest, candidates):
+        for key in keys:  # no early exit: every comparison runs
+            if hmac.compare_digest(key.digest, candidate) and matched is None:
+                matched = key
+    if matched is None:
         raise AuthenticationError("invalid API key")
-    return sent
+    return sent, matched
+
+
+def _client_model(route: Route, model: str) -> str | None:
+    """The client's model name when every target forwards it unchanged (a glob route without ``model``)."""
+    return model if all(target.model is None for target in route.targets) else None
+
+
+def may_use(key: ClientKey | None, route: Route, model: str) -> bool:
+    """Whether ``key`` may use ``route``, which ``model`` (the client's name) resolved to.
+
+    A pattern of the key's ``models`` must match the route's alias (its config name; for a glob route, the
+    glob itself, e.g. ``claude-*``) or the name the client sent, the latter only when that name is what the
+    provider receives (every target of the route has no ``model`` of its own). So ``claude-haiku-*`` admits
+    ``claude-haiku-4-5`` through a forwarding ``claude-*`` route, but a route that always sends one fixed
+    model is granted by its alias alone."""
+    return key is None or key.allows(route.alias, _client_model(route, model))
+
+
+def authorize(key: ClientKey | None, route: Route, model: str) -> None:
+    """``PermissionDenied`` (403 ``permission_error``) unless ``may_use(key, route, model)``."""
+    if not may_use(key, route, model):
+        assert key is not None
+        raise PermissionDenied(f"API key {key.name!r} may not use model {model!r}")
+
+
+def check_max_tokens(requested: int, ceiling: int | None, model: str) -> None:
+    """``InvalidRequest`` (400) when ``requested`` exceeds the alias's ``max_tokens`` ceiling."""
+    if ceiling is not None and requested > ceiling:
+        raise InvalidRequest(f"max_tokens: {requested} > {ceiling}, the maximum this gateway allows for {model!r}")
 
 
 async def read_body(chunks: AsyncIterator[bytes], declared: str | None, limit: int) -> bytes:
@@ -49,6 +167,21 @@ async def read_body(chunks: AsyncIterator[bytes], declared: str | None, limit: i
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+def forwarded_headers(headers: Mapping[str, str], allow: Sequence[str]) -> dict[str, str]:
+    """The client headers named in ``allow`` (``server.forward_headers``), lower-cased, that the client sent,
+    minus ``NEVER_FORWARDED`` and the two carried in their own fields (``anthropic-version``, ``anthropic-beta``).
+    ``headers`` must answer lower-case names (ASGI headers are lower-case; Litestar's are case-insensitive)."""
+    out: dict[str, str] = {}
+    for name in allow:
+        low = name.lower()
+        if low in NEVER_FORWARDED or low in _OWN_FIELDS:
+            continue
+        value = headers.get(low)
+        if value is not None:
+            out[low] = value
+    return out
+
+
 def proxy_request(
     headers: Mapping[str, str],
     query: str,
@@ -58,14 +191,23 @@ def proxy_request(
     stream: bool,
     client_auth: dict[str, str],
     request_id: str,
+    forward: Sequence[str] | None = None,
 ) -> ProxyRequest:
+    """``forward`` is ``server.forward_headers``: ``None`` sends ``anthropic-beta`` only; a list sends exactly the
+    listed headers (``anthropic-beta`` only if listed). ``anthropic-version`` is always carried."""
+    if forward is None:
+        beta, extra = headers.get("anthropic-beta"), None
+    else:
+        listed = any(name.lower() == "anthropic-beta" for name in forward)
+        beta, extra = headers.get("anthropic-beta") if listed else None, forwarded_headers(headers, forward)
     return ProxyRequest(
         body=body,
         model=model,
         stream=stream,
         request_id=request_id,
         anthropic_version=headers.get("anthropic-version"),
-        anthropic_beta=headers.get("anthropic-beta"),
+        anthropic_beta=beta,
         client_auth=client_auth,
         beta="beta=true" in query.split("&"),
+        extra_headers=extra,
     )

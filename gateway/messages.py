@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gateway import pipeline
-from gateway.edge import authenticate, proxy_request, read_body
+from gateway.edge import authenticate, authorize, check_max_tokens, proxy_request, read_body
 from gateway.errors import GatewayError, new_request_id
 from gateway.request import parse_messages
 from gateway.usage import Outcome, UsageTally
@@ -81,11 +81,13 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
     rid = new_request_id()
     tally = UsageTally(gw.metrics, alias="")
     try:
-        client_auth = authenticate(gw.keys, headers)
+        client_auth, key = authenticate(gw.keys, headers)
         limit = gw.settings.server.max_request_bytes
         body = await read_body(_body_chunks(receive), headers.get("content-length"), limit)
         head = parse_messages(body)
         route = gw.routes.resolve(head.model)
+        authorize(key, route, head.model)
+        check_max_tokens(head.max_tokens, route.max_tokens, head.model)
     except GatewayError as exc:
         tally.record(Outcome.REJECTED)
         await _send_error(send, exc, rid)
@@ -97,12 +99,19 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
     stream = bool(head.stream)
     query = scope.get("query_string", b"").decode("latin-1")
     request = proxy_request(
-        headers, query, body=body, model=head.model, stream=stream, client_auth=client_auth, request_id=rid
+        headers,
+        query,
+        body=body,
+        model=head.model,
+        stream=stream,
+        client_auth=client_auth,
+        request_id=rid,
+        forward=gw.settings.server.forward_headers,
     )
     tally.begin()
     try:
         if not stream:
-            reply = await pipeline.complete(route, request, gw.metrics, tally)
+            reply = await pipeline.complete(route, request, gw.metrics, tally, gw.resilience)
             await _send_json(
                 send,
                 reply.status,
@@ -110,7 +119,7 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
                 {"request-id": rid, **reply.headers, "x-gateway-provider": tally.provider},
             )
             return
-        opened = await pipeline.open_stream(route, request, gw.metrics, tally)
+        opened = await pipeline.open_stream(route, request, gw.metrics, tally, gw.resilience)
     except GatewayError as exc:
         tally.record(pipeline.outcome_of(exc))
         await _send_error(send, exc, rid)

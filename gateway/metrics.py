@@ -55,6 +55,12 @@ class Metrics:
             registry=r,
         )
 
+        self.fallbacks = Counter(
+            "gateway_fallbacks",
+            "Requests handed to another target before their first byte.",
+            ["alias", "from", "to", "reason"],
+            registry=r,
+        )
         self.usage_mismatch = Counter(
             "gateway_usage_mismatch",
             "Streams whose provider-side token counts (Bedrock invocation metrics) disagree with the stream's usage.",

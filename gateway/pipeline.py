@@ -8,15 +8,20 @@ their real HTTP status. After that a failure can only end the stream with one ``
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+import random
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import msgspec
 
 from adapters.base import EventStream, JsonReply
+from gateway.balance import RetryPolicy, client_retry_headers
 from gateway.errors import (
     GatewayError,
     UpstreamConnectionError,
     UpstreamStatusError,
+    UpstreamTimeout,
     error_frame,
     status_for_error_type,
 )
@@ -24,12 +29,22 @@ from gateway.events import Batch, UsageView
 from gateway.metrics import Metrics
 from gateway.request import ProxyRequest
 from gateway.routing import Route, Target
+from gateway.settings import ResilienceSettings
 from gateway.sse import encode_frames
 from gateway.upstream import StreamInterrupted
 from gateway.usage import Outcome, UsageTally, usage_of
 from gateway.validate import KNOWN_EVENTS, State, StreamValidator, Violation
 
-__all__ = ["OpenStream", "complete", "count_tokens", "open_stream", "outcome_of", "stream_body"]
+__all__ = [
+    "AllTargetsCooling",
+    "OpenStream",
+    "Resilience",
+    "complete",
+    "count_tokens",
+    "open_stream",
+    "outcome_of",
+    "stream_body",
+]
 
 _KNOWN = frozenset(KNOWN_EVENTS)
 
@@ -46,43 +61,152 @@ class OpenStream:
         self.first = first
 
 
+class Resilience:
+    """How hard the gateway tries before the first byte: the retry policy, the first-event and total timeouts,
+    and the clock, sleep and randomness they use (injected in tests)."""
+
+    def __init__(
+        self,
+        settings: ResilienceSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        settings = settings or ResilienceSettings()
+        retry = settings.retry
+        self.policy = RetryPolicy(retry.max_attempts, retry.base_delay_s, retry.max_delay_s)
+        self.first_event_s = settings.timeouts.first_event_s
+        self.total_s = settings.timeouts.total_s
+        self.clock = clock
+        self.sleep = sleep
+        self.rng = rng or random.Random()
+
+
+class AllTargetsCooling(GatewayError):
+    status_code = 529
+    error_type = "overloaded_error"
+    retryable = True
+
+
 def outcome_of(exc: GatewayError) -> str:
     """The metrics outcome of a request that failed before its response started."""
     return Outcome.TIMEOUT if exc.error_type == "timeout_error" else Outcome.UPSTREAM_ERROR
 
 
-async def open_stream(route: Route, request: ProxyRequest, metrics: Metrics, tally: UsageTally) -> OpenStream:
-    """Try the route's targets in order until one yields its first events. Raises the last error."""
+T = TypeVar("T")
+
+
+async def _attempts(
+    route: Route,
+    request: ProxyRequest,
+    metrics: Metrics,
+    tally: UsageTally,
+    res: Resilience,
+    attempt: Callable[[Target, str], Awaitable[T]],
+    *,
+    hold: bool = False,
+) -> T:
+    """Try the route's targets in the order its balancer gives, within the attempt budget: a retryable failure
+    moves to the next target at once; a second try of the same target waits as the retry policy says
+    (``retry-after``, ``x-should-retry``, backoff). A non-retryable failure ends the request."""
+    now = res.clock()
+    targets = route.plan(now)
+    if not targets:
+        cooldown = route.balancer.min_cooldown(now)
+        raise AllTargetsCooling(
+            f"every target of {route.alias!r} is cooling down after repeated failures",
+            headers=client_retry_headers(exhausted=False, cooldown_s=cooldown),
+        )
+    budget = res.policy.max_attempts
     last: GatewayError | None = None
-    for position, target in enumerate(route.targets):
+    tried = 0
+    previous: Target | None = None
+    for n in range(budget * len(targets)):
+        if tried >= budget:
+            break
+        target = targets[n % len(targets)]
+        if last is not None:
+            if target is previous or n >= len(targets):  # the same target again: wait as the policy says
+                delay = res.policy.decide(_status_of(last), last.headers, tried, rng=res.rng)
+                if delay is None:
+                    break
+                await res.sleep(delay)
+            if previous is not None and previous is not target:
+                metrics.fallbacks.labels(route.alias, previous.provider, target.provider, last.error_type).inc()
+        health = target.health
+        if not health.allow(res.clock()):
+            continue
+        tried += 1
+        previous = target
         tally.provider, tally.model = target.provider, target.upstream_model(request.model)
-        more = position + 1 < len(route.targets)
+        started = res.clock()
+        health.begin()
         try:
-            stream = await target.adapter.open_stream(request, tally.model)
+            result = await attempt(target, tally.model)
         except GatewayError as exc:
+            health.end()
             metrics.upstream_errors.labels(target.provider, exc.error_type).inc()
             last = exc
-            if exc.retryable and more:
-                continue
+            if not exc.retryable:
+                raise
+            health.record_failure(res.clock())
+            continue
+        except BaseException:
+            health.end()
             raise
-        batches = stream.batches()
+        health.record_success(res.clock(), ttft_s=res.clock() - started)
+        if not hold:  # a stream stays in flight on its target until stream_body ends it
+            health.end()
+        return result
+    if last is None:
+        cooldown = route.balancer.min_cooldown(res.clock())
+        raise AllTargetsCooling(
+            f"every target of {route.alias!r} is cooling down after repeated failures",
+            headers=client_retry_headers(exhausted=False, cooldown_s=cooldown),
+        )
+    if tried > 1:
+        last.headers.update(client_retry_headers(exhausted=True, cooldown_s=None))
+    raise last
+
+
+def _status_of(exc: GatewayError) -> int | None:
+    if isinstance(exc, UpstreamConnectionError | UpstreamTimeout):
+        return None  # no answer at all: retryable as a connect error or timeout
+    return exc.status_code
+
+
+async def open_stream(
+    route: Route, request: ProxyRequest, metrics: Metrics, tally: UsageTally, res: Resilience | None = None
+) -> OpenStream:
+    """A started stream from the first target that yields its first events within the first-event timeout."""
+    res = res or _DEFAULT
+
+    async def attempt(target: Target, model: str) -> OpenStream:
+        stream: EventStream | None = None
+        batches: AsyncGenerator[Batch] | None = None
         try:
-            first: Batch = await anext(batches, _EMPTY)
+            async with asyncio.timeout(res.first_event_s):
+                stream = await target.adapter.open_stream(request, model)
+                batches = stream.batches()
+                first: Batch = await anext(batches, _EMPTY)
             failure = _early_error(first)
+        except TimeoutError:
+            failure = UpstreamTimeout(f"provider {target.provider!r} sent no event within {res.first_event_s:g} s")
         except StreamInterrupted as exc:
             failure = UpstreamConnectionError(f"provider {target.provider!r}: {exc}")
         except BaseException:
-            await _close(batches, stream)
+            if stream is not None:
+                await _close(batches, stream)
             raise
         if failure is None:
+            assert stream is not None and batches is not None
             return OpenStream(target, stream, batches, first)
-        await _close(batches, stream)
-        metrics.upstream_errors.labels(target.provider, failure.error_type).inc()
-        last = failure
-        if not (failure.retryable and more):
-            raise failure
-    assert last is not None
-    raise last
+        if stream is not None:
+            await _close(batches, stream)
+        raise failure
+
+    return await _attempts(route, request, metrics, tally, res, attempt, hold=True)
 
 
 _EMPTY = Batch([], [])
@@ -165,7 +289,11 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
                 yield error_frame(kind, f"provider {provider!r}: {exc}")
                 return
     finally:
-        tally.record(outcome or Outcome.CLIENT_CANCELLED)
+        health = opened.target.health
+        health.end()
+        if outcome in (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT, Outcome.INVALID_STREAM):
+            health.record_failure(time.monotonic())
+        tally.record(outcome or tally.cancel_outcome)
         if validator.state is State.DONE:
             _drain_later(opened)
         else:
@@ -196,9 +324,10 @@ async def _drain(opened: OpenStream) -> None:
         await _close(opened.batches, opened.stream)
 
 
-async def _close(batches: AsyncGenerator[Batch], stream: EventStream) -> None:
+async def _close(batches: AsyncGenerator[Batch] | None, stream: EventStream) -> None:
     try:
-        await batches.aclose()
+        if batches is not None:
+            await batches.aclose()
     finally:
         await stream.aclose()
 
@@ -211,28 +340,26 @@ _decode_usage_only = msgspec.json.Decoder(_UsageOnly).decode
 
 
 async def _first_answer(
-    route: Route, request: ProxyRequest, metrics: Metrics, tally: UsageTally, *, count: bool
+    route: Route, request: ProxyRequest, metrics: Metrics, tally: UsageTally, res: Resilience, *, count: bool
 ) -> JsonReply:
-    last: GatewayError | None = None
-    for position, target in enumerate(route.targets):
-        tally.provider, tally.model = target.provider, target.upstream_model(request.model)
+    async def attempt(target: Target, model: str) -> JsonReply:
         try:
-            if count:
-                return await target.adapter.count_tokens(request, tally.model)
-            return await target.adapter.complete(request, tally.model)
-        except GatewayError as exc:
-            metrics.upstream_errors.labels(target.provider, exc.error_type).inc()
-            last = exc
-            if not (exc.retryable and position + 1 < len(route.targets)):
-                raise
-    assert last is not None
-    raise last
+            async with asyncio.timeout(res.total_s):
+                if count:
+                    return await target.adapter.count_tokens(request, model)
+                return await target.adapter.complete(request, model)
+        except TimeoutError:
+            raise UpstreamTimeout(f"provider {target.provider!r} did not answer within {res.total_s:g} s") from None
+
+    return await _attempts(route, request, metrics, tally, res, attempt)
 
 
-async def complete(route: Route, request: ProxyRequest, metrics: Metrics, tally: UsageTally) -> JsonReply:
+async def complete(
+    route: Route, request: ProxyRequest, metrics: Metrics, tally: UsageTally, res: Resilience | None = None
+) -> JsonReply:
     """A non-streamed message: the provider's JSON, forwarded as it came; usage read from it."""
     try:
-        reply = await _first_answer(route, request, metrics, tally, count=False)
+        reply = await _first_answer(route, request, metrics, tally, res or _DEFAULT, count=False)
     except GatewayError as exc:
         tally.record(outcome_of(exc))
         raise
@@ -249,5 +376,10 @@ async def complete(route: Route, request: ProxyRequest, metrics: Metrics, tally:
     return reply
 
 
-async def count_tokens(route: Route, request: ProxyRequest, metrics: Metrics, tally: UsageTally) -> JsonReply:
-    return await _first_answer(route, request, metrics, tally, count=True)
+async def count_tokens(
+    route: Route, request: ProxyRequest, metrics: Metrics, tally: UsageTally, res: Resilience | None = None
+) -> JsonReply:
+    return await _first_answer(route, request, metrics, tally, res or _DEFAULT, count=True)
+
+
+_DEFAULT = Resilience()

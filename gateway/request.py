@@ -77,6 +77,7 @@ class ProxyRequest:
         "beta",
         "body",
         "client_auth",
+        "extra_headers",
         "model",
         "request_id",
         "stream",
@@ -93,6 +94,7 @@ class ProxyRequest:
         anthropic_beta: str | None = None,
         client_auth: Mapping[str, str] | None = None,
         beta: bool = False,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> None:
         self.body = body
         self.model = model
@@ -102,6 +104,9 @@ class ProxyRequest:
         self.anthropic_beta = anthropic_beta
         self.client_auth = dict(client_auth or {})  # the client's own key headers, forwarded only on request
         self.beta = beta
+        # other client headers the `server.forward_headers` policy lets through (lower-case names); adapters
+        # that speak the first-party API send them, others may ignore them
+        self.extra_headers: dict[str, str] = dict(extra_headers) if extra_headers else {}
         self._fields: dict[str, msgspec.Raw] | None = None
 
     def fields(self) -> dict[str, msgspec.Raw]:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
+from gateway.balance import Balancer, TargetHealth
 from gateway.errors import NotFound
-from gateway.settings import ModelRoute
+from gateway.settings import BreakerSettings, ModelRoute
 
 if TYPE_CHECKING:
     from adapters.base import Adapter
@@ -20,11 +22,12 @@ def is_glob(alias: str) -> bool:
 
 
 class Target:
-    __slots__ = ("adapter", "model")
+    __slots__ = ("adapter", "health", "model")
 
-    def __init__(self, adapter: Adapter, model: str | None) -> None:
+    def __init__(self, adapter: Adapter, model: str | None, health: TargetHealth | None = None) -> None:
         self.adapter = adapter
         self.model = model  # None: the client's model name, unchanged
+        self.health = health or TargetHealth()
 
     @property
     def provider(self) -> str:
@@ -35,23 +38,65 @@ class Target:
 
 
 class Route:
-    __slots__ = ("alias", "display_name", "targets")
+    """An alias: its targets, the balancer that orders them per request, and its per-alias limits."""
 
-    def __init__(self, alias: str, targets: tuple[Target, ...], display_name: str | None = None) -> None:
+    __slots__ = ("alias", "balancer", "display_name", "max_tokens", "ping_interval_s", "strategy", "targets")
+
+    def __init__(
+        self,
+        alias: str,
+        targets: tuple[Target, ...],
+        display_name: str | None = None,
+        *,
+        strategy: str = "fallback",
+        weights: tuple[float, ...] | None = None,
+        ping_interval_s: float | None = None,
+        max_tokens: int | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
         self.alias = alias
         self.targets = targets
         self.display_name = display_name or alias
+        self.strategy = strategy
+        self.balancer = Balancer(strategy, [t.health for t in targets], weights, rng=rng)
+        self.ping_interval_s = ping_interval_s
+        self.max_tokens = max_tokens
+
+    def plan(self, now: float) -> list[Target]:
+        """The targets to try for one request, in order (empty: every target is cooling down)."""
+        return [self.targets[i] for i in self.balancer.plan(now)]
 
 
 class RouteTable:
-    def __init__(self, models: Mapping[str, ModelRoute], adapters: Mapping[str, Adapter]) -> None:
+    def __init__(
+        self,
+        models: Mapping[str, ModelRoute],
+        adapters: Mapping[str, Adapter],
+        breaker: BreakerSettings | None = None,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
+        breaker = breaker or BreakerSettings()
         self._exact: dict[str, Route] = {}
         self._globs: list[Route] = []
         for alias, spec in models.items():
+            targets = tuple(
+                Target(
+                    adapters[t.provider],
+                    t.model,
+                    TargetHealth(breaker.failure_threshold, breaker.window_s, breaker.cooldown_s),
+                )
+                for t in spec.targets
+            )
             route = Route(
                 alias,
-                tuple(Target(adapters[t.provider], t.model) for t in spec.targets),
+                targets,
                 spec.display_name,
+                strategy=spec.strategy,
+                weights=tuple(t.weight for t in spec.targets),
+                ping_interval_s=spec.ping_interval_s,
+                max_tokens=spec.max_tokens,
+                rng=rng,
             )
             if is_glob(alias):
                 self._globs.append(route)
@@ -70,3 +115,7 @@ class RouteTable:
     def aliases(self) -> list[Route]:
         """The routes with a concrete name, in config order (glob routes cannot be listed)."""
         return list(self._exact.values())
+
+    def all_routes(self) -> list[Route]:
+        """Every route, globs included (for the status endpoint and metrics)."""
+        return [*self._exact.values(), *self._globs]

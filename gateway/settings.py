@@ -18,9 +18,11 @@ import yaml
 
 __all__ = [
     "AnthropicProvider",
+    "ApiKey",
     "AuthSettings",
     "BedrockMantleProvider",
     "BedrockProvider",
+    "BreakerSettings",
     "ClaudeAwsProvider",
     "ConfigError",
     "EntraSettings",
@@ -28,9 +30,12 @@ __all__ = [
     "MockProvider",
     "ModelRoute",
     "ProviderConfig",
+    "ResilienceSettings",
+    "RetrySettings",
     "ServerSettings",
     "Settings",
     "TargetConfig",
+    "TimeoutSettings",
     "VertexProvider",
     "default_config_path",
     "load_settings",
@@ -55,10 +60,49 @@ class ServerSettings(_Strict, frozen=True, kw_only=True):
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
     max_request_bytes: Annotated[int, msgspec.Meta(gt=0)] = 32 * 1024 * 1024
     workers: Annotated[int, msgspec.Meta(ge=1)] = 1
+    ping_interval_s: PositiveFloat = 10.0  # a `ping` event while the provider is silent this long
+    drain_timeout_s: NonNegativeFloat = 30.0  # on SIGTERM: how long in-flight streams may finish
+    forward_headers: list[str] | None = None  # client headers allowed upstream; None: anthropic-beta
+
+
+class RetrySettings(_Strict, frozen=True, kw_only=True):
+    """Attempts before the first byte reaches the client (one per target try, the first included)."""
+
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=10)] = 3
+    base_delay_s: NonNegativeFloat = 0.5
+    max_delay_s: NonNegativeFloat = 8.0
+
+
+class BreakerSettings(_Strict, frozen=True, kw_only=True):
+    """A target that fails ``failure_threshold`` times within ``window_s`` is skipped for ``cooldown_s``."""
+
+    failure_threshold: Annotated[int, msgspec.Meta(ge=1)] = 5
+    window_s: PositiveFloat = 60.0
+    cooldown_s: PositiveFloat = 30.0
+
+
+class TimeoutSettings(_Strict, frozen=True, kw_only=True):
+    """Before the first event (per attempt) and for the whole request; the idle gap between reads is the
+    provider's ``read_timeout_s`` and the connect time its ``connect_timeout_s``."""
+
+    first_event_s: PositiveFloat = 120.0
+    total_s: PositiveFloat = 3600.0
+
+
+class ResilienceSettings(_Strict, frozen=True, kw_only=True):
+    retry: RetrySettings = RetrySettings()
+    breaker: BreakerSettings = BreakerSettings()
+    timeouts: TimeoutSettings = TimeoutSettings()
+
+
+class ApiKey(_Strict, frozen=True, kw_only=True):
+    name: str
+    key: Annotated[str, msgspec.Meta(min_length=1)]
+    models: list[str] | None = None  # aliases (globs allowed) this key may use; None: all
 
 
 class AuthSettings(_Strict, frozen=True, kw_only=True):
-    keys: list[str] = []  # accepted as x-api-key or Authorization: Bearer; empty = open
+    keys: list[str | ApiKey] = []  # accepted as x-api-key or Authorization: Bearer; empty = open
 
 
 class _Provider(_Strict, tag_field="kind", frozen=True, kw_only=True):
@@ -172,16 +216,21 @@ ProviderConfig = (
 class TargetConfig(_Strict, frozen=True, kw_only=True):
     provider: str
     model: str | None = None  # None: forward the client's model name unchanged
+    weight: NonNegativeFloat = 1.0  # strategy: weighted
 
 
 class ModelRoute(_Strict, frozen=True, kw_only=True):
     targets: Annotated[list[TargetConfig], msgspec.Meta(min_length=1)]
     display_name: str | None = None
+    strategy: Literal["fallback", "weighted", "round_robin", "least_latency"] = "fallback"
+    ping_interval_s: PositiveFloat | None = None  # None: server.ping_interval_s
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None  # a ceiling: larger requests get 400
 
 
 class Settings(_Strict, frozen=True, kw_only=True):
     server: ServerSettings = ServerSettings()
     auth: AuthSettings = AuthSettings()
+    resilience: ResilienceSettings = ResilienceSettings()
     providers: dict[str, ProviderConfig] = {}
     models: dict[str, ModelRoute] = {}
 

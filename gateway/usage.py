@@ -70,6 +70,7 @@ class UsageTally:
         "_clock",
         "_metrics",
         "alias",
+        "cancel_outcome",
         "first_token_at",
         "inflight",
         "model",
@@ -98,6 +99,7 @@ class UsageTally:
         self.first_token_at: float | None = None
         self.recorded: str | None = None
         self.inflight = False
+        self.cancel_outcome = Outcome.CLIENT_CANCELLED  # what a stream cut short by the gateway records
 
     def begin(self) -> None:
         """The request is being served: counted in flight until ``record``."""

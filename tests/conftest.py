@@ -80,6 +80,7 @@ def claude_config(base_url: str, **provider: str) -> str:
     extra = "".join(f", {k}: {v}" for k, v in provider.items())
     return f"""
 server: {{max_request_bytes: 200000}}
+resilience: {{retry: {{max_attempts: 1}}, breaker: {{failure_threshold: 100000}}}}
 auth: {{keys: [gw-key-1, gw-key-2]}}
 providers:
   claude: {{kind: anthropic, api_key: provider-key, base_url: "{base_url}"{extra}}}

@@ -24,6 +24,7 @@ CONVERSE_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "converse"
 def config(url: str) -> str:
     keys = "access_key_id: AKIDFAKEBEDROCK, secret_access_key: fake-secret"
     return f"""
+resilience: {{retry: {{max_attempts: 1}}, breaker: {{failure_threshold: 100000}}}}
 auth: {{keys: [gw-key]}}
 providers:
   bedrock: {{kind: bedrock, region: us-east-1, base_url: "{url}", {keys}}}

@@ -24,6 +24,7 @@ def config(fake: FakeFoundry) -> str:
         f'authority: "{fake.authority_url}", ca_file: "{fake.ca_file}"}}'
     )
     return f"""
+resilience: {{retry: {{max_attempts: 1}}, breaker: {{failure_threshold: 100000}}}}
 auth: {{keys: [gw-key]}}
 providers:
   foundry: {{kind: foundry, base_url: "{fake.base_url}", api_key: foundry-key}}

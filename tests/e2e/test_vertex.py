@@ -24,6 +24,7 @@ VERTEX_BODY = {"extra_body": {"anthropic_version": "vertex-2023-10-16"}}  # SDK 
 
 def config(fake: FakeVertex, credentials: Path, region: str = "us-east5") -> str:
     return f"""
+resilience: {{retry: {{max_attempts: 1}}, breaker: {{failure_threshold: 100000}}}}
 auth: {{keys: [gw-key]}}
 providers:
   vertex: {{kind: vertex, region: {region}, project: {fake.project}, credentials_file: "{credentials}",

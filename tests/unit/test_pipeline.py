@@ -11,6 +11,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.balance import TargetHealth
 from gateway.events import MALFORMED, Batch, decode_view
 from gateway.metrics import Metrics
 from gateway.pipeline import _DRAINS, OpenStream, stream_body
@@ -27,6 +28,9 @@ class _Named:
 class _Target:
     adapter = _Named()
     provider = "p"
+
+    def __init__(self) -> None:
+        self.health = TargetHealth()
 
 
 class Ev:
@@ -202,10 +206,14 @@ def test_an_error_before_the_first_real_event_gets_an_http_status_and_falls_over
     metrics = Metrics()
 
     async def first_target_only() -> None:
+        from gateway.pipeline import Resilience
+        from gateway.settings import ResilienceSettings, RetrySettings
+
         route = Route("m", (Target(overloaded, None),))  # type: ignore[arg-type]
         tally = UsageTally(metrics, alias="m")
+        once = Resilience(ResilienceSettings(retry=RetrySettings(max_attempts=1)))
         try:
-            await open_stream(route, request, metrics, tally)
+            await open_stream(route, request, metrics, tally, once)
         except UpstreamStatusError as exc:
             assert (exc.status_code, exc.error_type) == (529, "overloaded_error")
             assert exc.body == b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'

@@ -1,0 +1,60 @@
+"""``GET /v1/gateway/status``: every alias, its strategy and targets, and each target's health (breaker state,
+cooldown left, recent success rate, time to first event, streams in flight) — the same objects the pipeline
+routes with, read at the moment of the request. Keyed like the other routes when keys are configured."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from litestar import Request, Response, get
+
+from gateway.edge import authenticate
+from gateway.errors import GatewayError, new_request_id
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.routing import Route
+
+__all__ = ["STATUS_HANDLERS", "status_document"]
+
+_encode = msgspec.json.Encoder().encode
+
+
+def status_document(gw: Gateway, now: float | None = None) -> dict[str, Any]:
+    now = time.monotonic() if now is None else now
+    return {"aliases": [_route(route, now) for route in gw.routes.all_routes()]}
+
+
+def _route(route: Route, now: float) -> dict[str, Any]:
+    weights = route.balancer.weights
+    return {
+        "alias": route.alias,
+        "strategy": route.strategy,
+        "targets": [
+            {
+                "provider": target.provider,
+                "model": target.model,
+                **({"weight": weights[i]} if weights is not None else {}),
+                **target.health.snapshot(now),
+            }
+            for i, target in enumerate(route.targets)
+        ],
+    }
+
+
+@get("/v1/gateway/status")
+async def gateway_status(request: Request[Any, Any, Any]) -> Response[bytes]:
+    gw: Gateway = request.app.state.gateway
+    rid = new_request_id()
+    try:
+        authenticate(gw.keys, request.headers)
+    except GatewayError as exc:
+        return Response(
+            exc.render(rid), status_code=exc.status_code, media_type="application/json", headers={"request-id": rid}
+        )
+    return Response(_encode(status_document(gw)), media_type="application/json", headers={"request-id": rid})
+
+
+STATUS_HANDLERS = [gateway_status]
