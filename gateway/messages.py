@@ -9,12 +9,13 @@ docs/benchmarks.md). The other routes stay Litestar handlers (``gateway/api.py``
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from gateway import pipeline
 from gateway.edge import authenticate, authorize, check_max_tokens, proxy_request, read_body
-from gateway.errors import GatewayError, new_request_id
+from gateway.errors import GatewayError, error_frame, new_request_id
 from gateway.request import parse_messages
 from gateway.usage import Outcome, UsageTally
 
@@ -109,50 +110,149 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
         forward=gw.settings.server.forward_headers,
     )
     tally.begin()
-    try:
-        if not stream:
-            reply = await pipeline.complete(route, request, gw.metrics, tally, gw.resilience)
-            await _send_json(
-                send,
-                reply.status,
-                reply.body,
-                {"request-id": rid, **reply.headers, "x-gateway-provider": tally.provider},
-            )
-            return
-        opened = await pipeline.open_stream(route, request, gw.metrics, tally, gw.resilience)
-    except GatewayError as exc:
-        tally.record(pipeline.outcome_of(exc))
-        await _send_error(send, exc, rid)
-        return
-    except BaseException:
-        tally.record(Outcome.CLIENT_CANCELLED)
-        raise
-    extra = {"request-id": rid, **opened.stream.headers, "x-gateway-provider": tally.provider}
-    await _stream(send, receive, pipeline.stream_body(opened, gw.metrics, tally), _SSE_HEADERS + _encode_headers(extra))
-
-
-async def _stream(send: Send, receive: Receive, body: Any, headers: list[tuple[bytes, bytes]]) -> None:
-    """Send the SSE body, one ASGI message per chunk; a client that goes away cancels the pump (which
-    closes the upstream response in the body generator's ``finally``)."""
     task = asyncio.current_task()
     assert task is not None
+    # From here a client that goes away cancels the work, whatever it is waiting for: the provider's JSON,
+    # its first event, or the next one. Cancelling closes the upstream request (and records the usage so far).
     watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
+    try:
+        try:
+            if not stream:
+                reply = await pipeline.complete(route, request, gw.metrics, tally, gw.resilience)
+                await _send_json(
+                    send,
+                    reply.status,
+                    reply.body,
+                    {"request-id": rid, **reply.headers, "x-gateway-provider": tally.provider},
+                )
+                return
+            opened = await pipeline.open_stream(route, request, gw.metrics, tally, gw.resilience)
+        except GatewayError as exc:
+            tally.record(pipeline.outcome_of(exc))
+            await _send_error(send, exc, rid)
+            return
+        except BaseException:
+            tally.record(Outcome.CLIENT_CANCELLED)
+            raise
+        extra = {"request-id": rid, **opened.stream.headers, "x-gateway-provider": tally.provider}
+        ping_s = route.ping_interval_s or gw.settings.server.ping_interval_s
+        deadline = tally.started + gw.resilience.total_s
+        body_iter = pipeline.stream_body(opened, gw.metrics, tally)
+        await _stream(send, body_iter, _SSE_HEADERS + _encode_headers(extra), tally, ping_s=ping_s, deadline=deadline)
+    except asyncio.CancelledError:
+        if not _client_left(watcher):
+            raise  # cancelled from elsewhere (server shutdown): not ours to swallow
+        task.uncancel()
+    finally:
+        watcher.cancel()
+
+
+def _client_left(watcher: asyncio.Future[bool]) -> bool:
+    return watcher.done() and not watcher.cancelled() and watcher.result()
+
+
+_PING = b'event: ping\ndata: {"type": "ping"}\n\n'
+
+
+class _Keepalive:
+    """One timer per stream (not per event): while nothing has been written for ``interval`` seconds it sends
+    a ``ping``; at the request's deadline it cancels the stream, which then ends with a ``timeout_error``."""
+
+    __slots__ = (
+        "deadline",
+        "done",
+        "handle",
+        "interval",
+        "last",
+        "loop",
+        "send",
+        "sending",
+        "tally",
+        "task",
+        "timed_out",
+    )
+
+    def __init__(
+        self, send: Send, task: asyncio.Task[Any], interval: float, deadline: float, tally: UsageTally
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.tally = tally
+        self.send = send
+        self.task = task
+        self.interval = interval
+        self.deadline = deadline  # time.monotonic() based, as the tally's clock
+        self.last = self.loop.time()
+        self.sending = False
+        self.done = False
+        self.timed_out = False
+        self.handle = self.loop.call_later(self._next_delay(), self._tick)
+
+    def _next_delay(self) -> float:
+        due = self.last + self.interval - self.loop.time()
+        left = self.deadline - time.monotonic()
+        return max(0.0, min(due, left))
+
+    def _tick(self) -> None:
+        if self.done:
+            return
+        if time.monotonic() >= self.deadline:
+            self.timed_out = True
+            self.tally.cancel_outcome = Outcome.TIMEOUT
+            self.task.cancel()
+            return
+        if self.loop.time() - self.last >= self.interval * 0.999 and not self.sending:
+            self.sending = True
+            self.loop.create_task(self._ping())
+            self.last = self.loop.time()
+        self.handle = self.loop.call_later(self._next_delay() or self.interval, self._tick)
+
+    async def _ping(self) -> None:
+        try:
+            if not self.done:
+                await self.send({"type": "http.response.body", "body": _PING, "more_body": True})
+        except Exception:
+            pass
+        finally:
+            self.sending = False
+
+    def wrote(self) -> None:
+        self.last = self.loop.time()
+
+    def stop(self) -> None:
+        self.done = True
+        self.handle.cancel()
+
+
+async def _stream(
+    send: Send, body: Any, headers: list[tuple[bytes, bytes]], tally: UsageTally, *, ping_s: float, deadline: float
+) -> None:
+    """Send the SSE body, one ASGI message per chunk, with pings while the provider is silent."""
+    task = asyncio.current_task()
+    assert task is not None
+    keepalive: _Keepalive | None = None
     try:
         # The first chunk is made before the head goes out: from here on the body generator has started,
         # so its `finally` (close the upstream, record usage) runs however the response ends.
         first = await anext(body, b"")
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        keepalive = _Keepalive(send, task, ping_s, deadline, tally)
         if first:
             await send({"type": "http.response.body", "body": first, "more_body": True})
         async for chunk in body:
+            keepalive.wrote()
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        keepalive.stop()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except asyncio.CancelledError:
-        if not (watcher.done() and not watcher.cancelled() and watcher.result()):
-            raise  # cancelled from elsewhere (server shutdown): not ours to swallow
+        if keepalive is None or not keepalive.timed_out:
+            raise
         task.uncancel()
+        await body.aclose()  # records the usage so far, as a timeout
+        message = f"the request exceeded the gateway's total timeout of {deadline - tally.started:g} s"
+        await send({"type": "http.response.body", "body": error_frame("timeout_error", message), "more_body": False})
     finally:
-        watcher.cancel()
+        if keepalive is not None:
+            keepalive.stop()
         await body.aclose()
 
 

@@ -4,7 +4,6 @@ routes with, read at the moment of the request. Keyed like the other routes when
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -23,7 +22,7 @@ _encode = msgspec.json.Encoder().encode
 
 
 def status_document(gw: Gateway, now: float | None = None) -> dict[str, Any]:
-    now = time.monotonic() if now is None else now
+    now = gw.resilience.clock() if now is None else now  # the clock the breakers run on
     return {"aliases": [_route(route, now) for route in gw.routes.all_routes()]}
 
 

@@ -15,6 +15,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.metrics import Metrics
+from gateway.pipeline import Resilience
 from gateway.settings import Settings, parse_settings
 from tests.fakes.claude_api import FakeClaudeAPI
 
@@ -29,12 +30,14 @@ class RunningGateway:
 
 
 @contextmanager
-def run_gateway(settings: Settings | str, *, upstream_client: str = "aiohttp") -> Iterator[RunningGateway]:
+def run_gateway(
+    settings: Settings | str, *, upstream_client: str = "aiohttp", resilience: Resilience | None = None
+) -> Iterator[RunningGateway]:
     """Serve the gateway for `settings` (a Settings or YAML text) in a background thread."""
     if isinstance(settings, str):
         settings = parse_settings(settings, environ={})
     metrics = Metrics()
-    app = create_app(settings, metrics=metrics, upstream_client=upstream_client)
+    app = create_app(settings, metrics=metrics, upstream_client=upstream_client, resilience=resilience)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

@@ -1,0 +1,301 @@
+"""Routing and resilience end to end with the real ``anthropic`` SDK: fallback, retries that honour the
+provider's hints (on a fake clock), the circuit breaker, strategies, timeouts, pings and cancellation."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from gateway.pipeline import Resilience
+from gateway.settings import parse_settings
+from tests.conftest import RunningGateway, run_gateway
+from tests.fakes.claude_api import FakeClaudeAPI
+
+KW: dict[str, Any] = {"max_tokens": 256, "messages": [{"role": "user", "content": "Hello"}]}
+
+
+def client(gw: RunningGateway, retries: int = 0) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=retries)
+
+
+def claude(name: str, url: str, **extra: Any) -> str:
+    more = "".join(f", {k}: {v}" for k, v in extra.items())
+    return f'  {name}: {{kind: anthropic, api_key: p, base_url: "{url}"{more}}}\n'
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+# --- fallback before the first byte, never after ---------------------------------------------------------
+
+
+@pytest.fixture
+def two_targets(fake: FakeClaudeAPI) -> Iterator[RunningGateway]:
+    yaml = f"""
+resilience: {{retry: {{max_attempts: 3, base_delay_s: 0}}, breaker: {{failure_threshold: 1000}}}}
+providers:
+{claude("c1", fake.base_url)}{claude("c2", fake.base_url)}{claude("dead", "http://127.0.0.1:9", connect_timeout_s=1)}
+models:
+  overloaded-then-ok: {{targets: [{{provider: c1, model: fake-status-529}}, {{provider: c2, model: fake-text}}]}}
+  dead-then-ok: {{targets: [{{provider: dead, model: fake-text}}, {{provider: c2, model: fake-tools}}]}}
+  fails-mid-stream: {{targets: [{{provider: c1, model: fake-error-midstream}}, {{provider: c2, model: fake-text}}]}}
+  bad-request: {{targets: [{{provider: c1, model: fake-status-400}}, {{provider: c2, model: fake-text}}]}}
+"""
+    with run_gateway(yaml) as gw:
+        yield gw
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_fallback_on_529(stream: bool, fake: FakeClaudeAPI, two_targets: RunningGateway) -> None:
+    if stream:
+        with client(two_targets).messages.stream(model="overloaded-then-ok", **KW) as s:
+            message = s.get_final_message()
+    else:
+        message = client(two_targets).messages.create(model="overloaded-then-ok", **KW)
+    assert message.content[0].type == "text"
+    assert [r.json["model"] for r in fake.requests] == ["fake-status-529", "fake-text"]
+    labels = {"alias": "overloaded-then-ok", "from": "c1", "to": "c2", "reason": "overloaded_error"}
+    assert two_targets.sample("gateway_fallbacks_total", **labels) >= 1
+
+
+def test_fallback_on_connect_error(fake: FakeClaudeAPI, two_targets: RunningGateway) -> None:
+    message = client(two_targets).messages.create(model="dead-then-ok", **KW)
+    assert [b.type for b in message.content] == ["text", "tool_use", "tool_use"]
+    assert two_targets.sample("gateway_upstream_errors_total", provider="dead", error_type="api_error") >= 1
+
+
+def test_no_retry_once_an_event_was_sent(fake: FakeClaudeAPI, two_targets: RunningGateway) -> None:
+    resp = httpx.post(f"{two_targets.url}/v1/messages", json={"model": "fails-mid-stream", "stream": True, **KW})
+    names = [line[7:] for line in resp.text.split("\n") if line.startswith("event: ")]
+    assert names[0] == "message_start" and names[-1] == "error" and "message_stop" not in names
+    assert len(fake.requests) == 1  # the second target was never asked
+
+
+def test_no_retry_and_no_fallback_on_400(fake: FakeClaudeAPI, two_targets: RunningGateway) -> None:
+    with pytest.raises(anthropic.BadRequestError):
+        client(two_targets).messages.create(model="bad-request", **KW)
+    assert len(fake.requests) == 1
+
+
+# --- retries on a fake clock ----------------------------------------------------------------------------
+
+
+def test_retry_after_is_honoured_and_the_client_told_not_to_retry(fake: FakeClaudeAPI, clock: FakeClock) -> None:
+    yaml = f"""
+resilience: {{retry: {{max_attempts: 3}}, breaker: {{failure_threshold: 1000}}}}
+providers:
+{claude("c1", fake.base_url)}models: {{limited: {{targets: [{{provider: c1, model: fake-status-429}}]}}}}
+"""
+    settings = parse_settings(yaml, environ={})
+    res = Resilience(settings.resilience, clock=clock, sleep=clock.sleep)
+    with run_gateway(settings, resilience=res) as gw, pytest.raises(anthropic.RateLimitError) as info:
+        client(gw, retries=2).messages.create(model="limited", **KW)
+    assert clock.sleeps == [7.0, 7.0]  # the fake's retry-after: 7, twice; no real sleep happened
+    assert len(fake.requests) == 3
+    assert info.value.response.headers["x-should-retry"] == "false"  # so the SDK did not retry on top
+
+
+def test_backoff_without_a_hint(fake: FakeClaudeAPI, clock: FakeClock) -> None:
+    yaml = f"""
+resilience: {{retry: {{max_attempts: 3, base_delay_s: 0.5, max_delay_s: 8}}, breaker: {{failure_threshold: 1000}}}}
+providers:
+{claude("c1", fake.base_url)}models: {{broken: {{targets: [{{provider: c1, model: fake-status-500}}]}}}}
+"""
+    settings = parse_settings(yaml, environ={})
+    res = Resilience(settings.resilience, clock=clock, sleep=clock.sleep)
+    with run_gateway(settings, resilience=res) as gw, pytest.raises(anthropic.InternalServerError):
+        client(gw).messages.create(model="broken", **KW)
+    assert len(clock.sleeps) == 2
+    assert 0.375 <= clock.sleeps[0] <= 0.5 and 0.75 <= clock.sleeps[1] <= 1.0  # exponential with jitter
+
+
+def test_cooldown_entered_and_left(fake: FakeClaudeAPI, clock: FakeClock) -> None:
+    yaml = f"""
+resilience: {{retry: {{max_attempts: 1}}, breaker: {{failure_threshold: 2, window_s: 60, cooldown_s: 30}}}}
+providers:
+{claude("c1", fake.base_url)}models: {{"fake-*": {{targets: [{{provider: c1}}]}}}}
+"""
+    settings = parse_settings(yaml, environ={})
+    res = Resilience(settings.resilience, clock=clock, sleep=clock.sleep)
+    with run_gateway(settings, resilience=res) as gw:
+        http = httpx.Client(base_url=gw.url)
+
+        def status() -> dict[str, Any]:
+            result: dict[str, Any] = http.get("/v1/gateway/status").json()["aliases"][0]["targets"][0]
+            return result
+
+        for _ in range(2):
+            assert http.post("/v1/messages", json={"model": "fake-status-500", **KW}).status_code == 500
+        assert status()["state"] == "open"
+        cooling = http.post("/v1/messages", json={"model": "fake-text", **KW})
+        assert cooling.status_code == 529 and cooling.json()["error"]["type"] == "overloaded_error"
+        assert cooling.headers["retry-after"] == "30"
+        assert len(fake.requests) == 2  # the cooling target was not asked
+        clock.now += 31
+        assert status()["state"] == "half_open"
+        assert http.post("/v1/messages", json={"model": "fake-text", **KW}).status_code == 200  # the probe
+        assert status()["state"] == "closed" and len(fake.requests) == 3
+
+
+# --- strategies over 1,000 requests -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mocks() -> Iterator[RunningGateway]:
+    yaml = """
+resilience: {breaker: {failure_threshold: 1000}}
+providers:
+  m1: {kind: mock, deltas: 1}
+  m2: {kind: mock, deltas: 1}
+  m3: {kind: mock, deltas: 1}
+  slow: {kind: mock, deltas: 1, first_event_delay_ms: 15}
+models:
+  weighted: {strategy: weighted, targets: [{provider: m1, weight: 3}, {provider: m2, weight: 1}]}
+  rr: {strategy: round_robin, targets: [{provider: m1}, {provider: m2}, {provider: m3}]}
+  fastest: {strategy: least_latency, targets: [{provider: slow}, {provider: m1}]}
+  ordered: {targets: [{provider: m2}, {provider: m1}]}
+"""
+    with run_gateway(yaml) as gw:
+        yield gw
+
+
+def distribution(gw: RunningGateway, alias: str, n: int) -> Counter[str]:
+    with httpx.Client(base_url=gw.url) as http:
+        return Counter(
+            http.post("/v1/messages", json={"model": alias, **KW}).headers["x-gateway-provider"] for _ in range(n)
+        )
+
+
+def test_weighted_distribution(mocks: RunningGateway) -> None:
+    got = distribution(mocks, "weighted", 1000)
+    assert 680 <= got["m1"] <= 820 and got["m1"] + got["m2"] == 1000
+
+
+def test_round_robin_distribution(mocks: RunningGateway) -> None:
+    got = distribution(mocks, "rr", 999)
+    assert got == Counter({"m1": 333, "m2": 333, "m3": 333})
+
+
+def test_least_latency_prefers_the_fastest_and_explores(mocks: RunningGateway) -> None:
+    got = distribution(mocks, "fastest", 1000)
+    assert 820 <= got["m1"] <= 960 and got["slow"] >= 30  # ~90 % fastest, ~10 % exploration
+
+
+def test_fallback_strategy_always_takes_the_first(mocks: RunningGateway) -> None:
+    assert distribution(mocks, "ordered", 200) == Counter({"m2": 200})
+
+
+def test_status_shows_every_alias_and_target(mocks: RunningGateway) -> None:
+    aliases = {a["alias"]: a for a in httpx.get(f"{mocks.url}/v1/gateway/status").json()["aliases"]}
+    assert aliases["weighted"]["strategy"] == "weighted"
+    assert [t["weight"] for t in aliases["weighted"]["targets"]] == [3, 1]
+    target = aliases["rr"]["targets"][0]
+    assert {"state", "success_rate", "ttft_ewma_s", "inflight", "cooldown_remaining_s"} <= set(target)
+
+
+# --- timeouts --------------------------------------------------------------------------------------------------
+
+
+def test_first_event_timeout(fake: FakeClaudeAPI) -> None:
+    yaml = """
+resilience: {retry: {max_attempts: 1}, timeouts: {first_event_s: 0.2}}
+providers: {silent: {kind: mock, first_event_delay_ms: 3000}}
+models: {silent: {targets: [{provider: silent}]}}
+"""
+    with run_gateway(yaml) as gw:
+        started = time.monotonic()
+        resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "silent", "stream": True, **KW})
+        assert time.monotonic() - started < 2
+        assert resp.status_code == 504 and resp.json()["error"]["type"] == "timeout_error"
+        assert gw.sample("gateway_requests_total", alias="silent", provider="silent", model="silent", outcome="timeout")
+
+
+def test_idle_gap_timeout_ends_the_stream_with_an_error(fake: FakeClaudeAPI) -> None:
+    yaml = f"""
+resilience: {{retry: {{max_attempts: 1}}}}
+providers:
+{claude("c1", fake.base_url, read_timeout_s=0.02)}models: {{slow: {{targets: [{{provider: c1, model: fake-slow}}]}}}}
+"""
+    with run_gateway(yaml) as gw:
+        resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "slow", "stream": True, **KW})
+        assert resp.status_code == 200
+        assert resp.text.rstrip().split("\n")[-1].startswith('data: {"type":"error","error":{"type":"timeout_error"')
+        assert gw.sample("gateway_requests_total", alias="slow", provider="c1", model="fake-slow", outcome="timeout")
+
+
+def test_total_timeout_ends_the_stream_with_an_error(fake: FakeClaudeAPI) -> None:
+    yaml = f"""
+resilience: {{retry: {{max_attempts: 1}}, timeouts: {{total_s: 0.4}}}}
+providers:
+{claude("c1", fake.base_url)}models: {{slow: {{targets: [{{provider: c1, model: fake-slow}}]}}}}
+"""
+    with run_gateway(yaml) as gw:
+        started = time.monotonic()
+        resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "slow", "stream": True, **KW})
+        assert time.monotonic() - started < 3
+        last = resp.text.rstrip().split("\n")[-1]
+        assert last.startswith('data: {"type":"error","error":{"type":"timeout_error"') and "total timeout" in last
+        assert "message_stop" not in resp.text
+        assert fake.wait_for_disconnect(timeout=5)  # the upstream request was closed
+        assert gw.sample("gateway_requests_total", alias="slow", provider="c1", model="fake-slow", outcome="timeout")
+
+
+# --- keep-alive pings, cancellation ------------------------------------------------------------------------------
+
+
+def test_pings_while_the_upstream_is_silent() -> None:
+    yaml = """
+server: {ping_interval_s: 5}
+providers: {paced: {kind: mock, deltas: 2, event_delay_ms: 250}}
+models: {paced: {ping_interval_s: 0.05, targets: [{provider: paced}]}}
+"""
+    with run_gateway(yaml) as gw:
+        resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "paced", "stream": True, **KW}, timeout=20)
+        names = [line[7:] for line in resp.text.split("\n") if line.startswith("event: ")]
+        assert names.count("ping") >= 10
+        assert names[0] == "message_start" and names[-1] == "message_stop"
+        assert 'event: ping\ndata: {"type": "ping"}\n\n' in resp.text
+        with client(gw).messages.stream(model="paced", **KW) as stream:
+            assert stream.get_final_message().stop_reason == "end_turn"
+
+
+def test_client_leaving_a_non_streamed_request_cancels_it_upstream(
+    fake: FakeClaudeAPI, gateway: RunningGateway
+) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{gateway.url}/v1/messages",
+            json={"model": "fake-slow", **KW},
+            headers={"x-api-key": "gw-key-1"},
+            timeout=0.5,
+        )
+    assert fake.wait_for_disconnect(timeout=5)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not gateway.sample(
+        "gateway_requests_total", alias="*", provider="claude", model="fake-slow", outcome="client_cancelled"
+    ):
+        time.sleep(0.05)
+    assert gateway.sample(
+        "gateway_requests_total", alias="*", provider="claude", model="fake-slow", outcome="client_cancelled"
+    )
