@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from litestar import Litestar
@@ -13,13 +17,14 @@ from litestar import Litestar
 from adapters import Adapter, build_adapter
 from gateway.api import HANDLERS, exception_handlers
 from gateway.edge import build_keys
-from gateway.messages import messages_endpoint, method_not_allowed
+from gateway.messages import DRAIN_CANCEL, messages_endpoint, method_not_allowed
 from gateway.metrics import Metrics
 from gateway.pipeline import Resilience
 from gateway.routing import RouteTable
-from gateway.settings import Settings
+from gateway.settings import ConfigError, Settings, load_settings
 from gateway.status import STATUS_HANDLERS
 from gateway.upstream import HttpClient, make_client
+from gateway.usage import Outcome, UsageTally
 
 __all__ = ["Gateway", "GatewayApp", "create_app"]
 
@@ -27,25 +32,117 @@ log = logging.getLogger("gateway")
 
 
 class Gateway:
-    """Everything a request needs, built once per process from the settings."""
+    """Everything a request needs, built from the settings; ``reload`` swaps it for a new config at once.
+
+    A request reads ``routes``/``keys``/``settings`` from the table current when it started and keeps the
+    route objects it resolved, so in-flight streams finish on the old table while new requests use the new
+    one. ``begin_drain`` (SIGTERM) ends the streams still running after the drain timeout with an ``error``.
+    """
 
     def __init__(
-        self, settings: Settings, client: HttpClient, metrics: Metrics, resilience: Resilience | None = None
+        self,
+        settings: Settings,
+        client: HttpClient,
+        metrics: Metrics,
+        resilience: Resilience | None = None,
+        *,
+        config_path: str | Path | None = None,
     ) -> None:
-        self.settings = settings
         self.client = client
         self.metrics = metrics
-        self.keys = build_keys(settings.auth.keys)
-        self.adapters: dict[str, Adapter] = {
-            name: build_adapter(name, config, client, metrics) for name, config in settings.providers.items()
+        self.config_path = Path(config_path) if config_path is not None else None
+        self._fixed_resilience = resilience
+        self.streams: dict[asyncio.Task[Any], UsageTally] = {}  # in-flight streaming requests, for the drain
+        self.draining = False
+        self.reloads = 0
+        self._retired: list[dict[str, Adapter]] = []
+        self.adapters: dict[str, Adapter] = {}
+        self._apply(settings)
+
+    def _apply(self, settings: Settings) -> None:
+        adapters: dict[str, Adapter] = {
+            name: build_adapter(name, config, self.client, self.metrics) for name, config in settings.providers.items()
         }
-        self.routes = RouteTable(settings.models, self.adapters, settings.resilience.breaker)
-        self.resilience = resilience or Resilience(settings.resilience)
+        routes = RouteTable(settings.models, adapters, settings.resilience.breaker)
+        resilience = self._fixed_resilience or Resilience(settings.resilience)
+        keys = build_keys(settings.auth.keys)
+        if self.adapters:
+            self._retired.append(self.adapters)  # closed at shutdown: in-flight requests may still use them
+        # one assignment each, no await in between: a request sees the old table or the new one
+        self.settings, self.adapters, self.routes, self.resilience, self.keys = (
+            settings,
+            adapters,
+            routes,
+            resilience,
+            keys,
+        )
+
+    def reload(self, path: str | Path | None = None) -> bool:
+        """Load the config again; a broken file is logged and the running table stays."""
+        path = path or self.config_path
+        if path is None:
+            return False
+        try:
+            settings = load_settings(path)
+        except ConfigError as exc:
+            log.error("config reload rejected, keeping the running config: %s", exc)
+            return False
+        if (settings.server.host, settings.server.port, settings.server.workers) != (
+            self.settings.server.host,
+            self.settings.server.port,
+            self.settings.server.workers,
+        ):
+            log.warning("server.host/port/workers changed in %s: they take effect on restart only", path)
+        self._apply(settings)
+        self.reloads += 1
+        log.info(
+            "config reloaded from %s: %d providers, %d model routes",
+            path,
+            len(settings.providers),
+            len(settings.models),
+        )
+        return True
+
+    async def watch(self, interval: float = 1.0) -> None:
+        """Reload when the config file's modification time or size changes."""
+        if self.config_path is None:
+            return
+        last = _stamp(self.config_path)
+        while True:
+            await asyncio.sleep(interval)
+            stamp = _stamp(self.config_path)
+            if stamp != last:
+                last = stamp
+                self.reload()
+
+    def begin_drain(self, timeout: float | None = None) -> None:
+        """Stop taking work (the server stops accepting); streams still running after ``timeout`` get an
+        ``error`` event and end."""
+        if self.draining:
+            return
+        self.draining = True
+        timeout = self.settings.server.drain_timeout_s if timeout is None else timeout
+        log.info("draining: %d streams in flight, %g s to finish", len(self.streams), timeout)
+        asyncio.get_running_loop().call_later(timeout, self._end_streams)
+
+    def _end_streams(self) -> None:
+        for task, tally in list(self.streams.items()):
+            tally.cancel_outcome = Outcome.TIMEOUT  # the drain timeout ran out
+            task.cancel(DRAIN_CANCEL)
 
     async def aclose(self) -> None:
-        for adapter in self.adapters.values():
-            await adapter.aclose()
+        for adapters in [*self._retired, self.adapters]:
+            for adapter in adapters.values():
+                await adapter.aclose()
         await self.client.aclose()
+
+
+def _stamp(path: Path) -> tuple[float, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_mtime, stat.st_size)
 
 
 class GatewayApp:
@@ -70,23 +167,33 @@ def create_app(
     metrics: Metrics | None = None,
     upstream_client: str = "aiohttp",
     resilience: Resilience | None = None,
+    config_path: str | Path | None = None,
+    watch_interval_s: float | None = 1.0,
 ) -> GatewayApp:
     """``resilience``: the retry policy, timeouts and clock to use instead of the settings' (tests inject a
-    fake clock and sleep)."""
+    fake clock and sleep). ``config_path``: the file to reload on SIGHUP and, every ``watch_interval_s``
+    seconds, when it changes (None: no watching)."""
     metrics = metrics or Metrics()
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        gateway = Gateway(settings, make_client(upstream_client), metrics, resilience)
+        gateway = Gateway(settings, make_client(upstream_client), metrics, resilience, config_path=config_path)
         if not gateway.keys:
             log.warning("auth.keys is empty: the gateway accepts requests without a key")
         app.state.gateway = gateway
+        watcher = None
+        if config_path is not None and watch_interval_s:
+            watcher = asyncio.get_running_loop().create_task(gateway.watch(watch_interval_s))
+        restore = _install_signals(gateway)
         # Everything built so far lives as long as the process: take it out of the cyclic collector's
         # scans, so a full collection walks only what requests allocate.
         gc.freeze()
         try:
             yield
         finally:
+            restore()
+            if watcher is not None:
+                watcher.cancel()
             await gateway.aclose()
 
     return GatewayApp(
@@ -99,3 +206,29 @@ def create_app(
             openapi_config=None,
         )
     )
+
+
+def _install_signals(gateway: Gateway) -> Callable[[], None]:
+    """SIGHUP reloads the config; SIGTERM starts the drain, then hands over to the server's own handler
+    (uvicorn's, which stops accepting and waits for the requests in flight). Only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term() -> None:
+        gateway.begin_drain()
+        if callable(previous):
+            previous(signal.SIGTERM, None)
+
+    try:
+        loop.add_signal_handler(signal.SIGHUP, gateway.reload)
+        loop.add_signal_handler(signal.SIGTERM, on_term)
+    except (NotImplementedError, RuntimeError, ValueError):  # pragma: no cover - platforms without signals
+        return lambda: None
+
+    def restore() -> None:
+        loop.remove_signal_handler(signal.SIGHUP)
+        loop.remove_signal_handler(signal.SIGTERM)
+
+    return restore

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -23,9 +24,11 @@ def app_from_env() -> GatewayApp:
     """The uvicorn factory: every worker process builds its own app from the same config file."""
     from gateway.app import create_app
 
+    path = os.environ.get(_CONFIG_ENV) or default_config_path()
     return create_app(
-        load_settings(os.environ.get(_CONFIG_ENV) or default_config_path()),
+        load_settings(path),
         upstream_client=os.environ.get("MESSAGES_GATEWAY_UPSTREAM_CLIENT", "aiohttp"),
+        config_path=path,  # reloaded on SIGHUP and when the file changes
     )
 
 
@@ -57,6 +60,9 @@ def _serve(args: argparse.Namespace) -> int:
         lifespan="on",
         access_log=False,
         log_level="warning",
+        # SIGTERM: the gateway ends streams still running after drain_timeout_s with an `error` event
+        # (gateway.app); uvicorn's own limit is a backstop a little later.
+        timeout_graceful_shutdown=math.ceil(settings.server.drain_timeout_s) + 5,
     )
     return 0
 

@@ -22,7 +22,9 @@ from gateway.usage import Outcome, UsageTally
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
-__all__ = ["messages_endpoint", "method_not_allowed"]
+__all__ = ["DRAIN_CANCEL", "messages_endpoint", "method_not_allowed"]
+
+DRAIN_CANCEL = "gateway shutting down"  # the cancel message of streams ended by the shutdown drain
 
 Scope = dict[str, Any]
 Receive = Any
@@ -138,7 +140,13 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
         ping_s = route.ping_interval_s or gw.settings.server.ping_interval_s
         deadline = tally.started + gw.resilience.total_s
         body_iter = pipeline.stream_body(opened, gw.metrics, tally)
-        await _stream(send, body_iter, _SSE_HEADERS + _encode_headers(extra), tally, ping_s=ping_s, deadline=deadline)
+        gw.streams[task] = tally
+        try:
+            await _stream(
+                send, body_iter, _SSE_HEADERS + _encode_headers(extra), tally, ping_s=ping_s, deadline=deadline
+            )
+        finally:
+            gw.streams.pop(task, None)
     except asyncio.CancelledError:
         if not _client_left(watcher):
             raise  # cancelled from elsewhere (server shutdown): not ours to swallow
@@ -243,13 +251,21 @@ async def _stream(
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         keepalive.stop()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-    except asyncio.CancelledError:
-        if keepalive is None or not keepalive.timed_out:
+    except asyncio.CancelledError as exc:
+        if keepalive is not None and keepalive.timed_out:
+            error_type, message = (
+                "timeout_error",
+                f"the request exceeded the gateway's total timeout of {deadline - tally.started:g} s",
+            )
+        elif exc.args and exc.args[0] == DRAIN_CANCEL:
+            error_type, message = "overloaded_error", "the gateway is shutting down; retry the request"
+        else:
             raise
         task.uncancel()
-        await body.aclose()  # records the usage so far, as a timeout
-        message = f"the request exceeded the gateway's total timeout of {deadline - tally.started:g} s"
-        await send({"type": "http.response.body", "body": error_frame("timeout_error", message), "more_body": False})
+        await body.aclose()  # records the usage so far
+        if keepalive is None:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": error_frame(error_type, message), "more_body": False})
     finally:
         if keepalive is not None:
             keepalive.stop()
