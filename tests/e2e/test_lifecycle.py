@@ -1,0 +1,169 @@
+"""The gateway as a process (``messages-gateway serve``): live reload under load, and the SIGTERM drain."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+KW = {"max_tokens": 64, "messages": [{"role": "user", "content": "Hello"}]}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+        self.proc = proc
+        self.url = url
+        self.log = log
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[object]:
+    started: list[Served] = []
+
+    def start(config: Path) -> Served:
+        port = _free_port()
+        log = tmp_path / f"gateway-{port}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=0.5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            proc.kill()
+            raise RuntimeError(f"gateway did not start:\n{log.read_text()}")
+        served = Served(proc, url, log)
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        if served.proc.poll() is None:
+            served.proc.kill()
+            served.proc.wait(10)
+
+
+def write(path: Path, target: str, *, broken: bool = False) -> None:
+    text = f"""
+server: {{drain_timeout_s: 1}}
+providers:
+  m1: {{kind: mock, deltas: 3, event_delay_ms: 2}}
+  m2: {{kind: mock, deltas: 3, event_delay_ms: 2}}
+  m3: {{kind: mock, deltas: 3, event_delay_ms: 2}}
+  slow: {{kind: mock, deltas: 60, event_delay_ms: 100}}
+  quick: {{kind: mock, deltas: 4, event_delay_ms: 50}}
+models:
+  live: {{targets: [{{provider: {target}}}]}}
+  slow: {{targets: [{{provider: slow}}]}}
+  quick: {{targets: [{{provider: quick}}]}}
+"""
+    path.write_text(text + ("  broken: {targets: [{provider: nowhere}]}\n" if broken else ""))
+
+
+def event_names(text: str) -> list[str]:
+    return [line[7:] for line in text.split("\n") if line.startswith("event: ")]
+
+
+def test_reload_under_load_fails_no_request(tmp_path: Path, serve: object) -> None:
+    config = tmp_path / "gateway.yaml"
+    write(config, "m1")
+    gw = serve(config)  # type: ignore[operator]
+    seen: Counter[str] = Counter()
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=gw.url, timeout=10) as http:
+            while not stop.is_set():
+                resp = http.post("/v1/messages", json={"model": "live", "stream": True, **KW})
+                names = event_names(resp.text)
+                if resp.status_code != 200 or not names or names[-1] != "message_stop":
+                    failures.append(f"{resp.status_code} {resp.text[:200]}")
+                seen[resp.headers.get("x-gateway-provider", "?")] += 1
+
+    workers = [threading.Thread(target=load) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+
+    def wait_for(provider: str, limit: float = 6.0) -> None:
+        deadline = time.monotonic() + limit
+        before = seen[provider]
+        while seen[provider] <= before + 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen[provider] > before + 5, f"{provider} never served: {seen}"
+
+    try:
+        wait_for("m1")
+        write(config, "m2")  # picked up by the file watcher
+        wait_for("m2")
+        write(config, "m3", broken=True)  # rejected: the running table stays
+        time.sleep(2.5)
+        m3_before = seen["m3"]
+        assert m3_before == 0
+        write(config, "m3")
+        gw.proc.send_signal(signal.SIGHUP)
+        wait_for("m3")
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(20)
+    assert failures == []
+    assert sum(seen.values()) > 100
+    log = gw.log.read_text()
+    assert "config reload rejected" in log and "nowhere" in log
+
+
+def test_sigterm_drains_then_ends_the_rest_with_an_error(tmp_path: Path, serve: object) -> None:
+    config = tmp_path / "gateway.yaml"
+    write(config, "m1")
+    gw = serve(config)  # type: ignore[operator]
+    results: dict[str, str] = {}
+
+    def stream(alias: str) -> None:
+        resp = httpx.post(f"{gw.url}/v1/messages", json={"model": alias, "stream": True, **KW}, timeout=30)
+        results[alias] = resp.text
+
+    threads = [threading.Thread(target=stream, args=(alias,)) for alias in ("slow", "quick")]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    gw.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    with pytest.raises(httpx.ConnectError):  # no longer accepting
+        httpx.post(f"{gw.url}/v1/messages", json={"model": "quick", **KW}, timeout=2)
+    for thread in threads:
+        thread.join(20)
+    assert event_names(results["quick"])[-1] == "message_stop"  # finished within the drain
+    slow = event_names(results["slow"])
+    assert slow[0] == "message_start" and slow[-1] == "error" and "message_stop" not in slow
+    assert '"type":"overloaded_error"' in results["slow"].rsplit("event: error", 1)[1]
+    assert gw.proc.wait(15) is not None
+    assert time.monotonic() - started < 10
