@@ -22,7 +22,7 @@ from gateway.metrics import Metrics
 from gateway.pipeline import Resilience
 from gateway.routing import RouteTable
 from gateway.settings import ConfigError, Settings, load_settings
-from gateway.status import STATUS_HANDLERS
+from gateway.status import STATUS_HANDLERS, BreakerCollector
 from gateway.upstream import HttpClient, make_client
 from gateway.usage import Outcome, UsageTally
 
@@ -58,6 +58,7 @@ class Gateway:
         self._retired: list[dict[str, Adapter]] = []
         self.adapters: dict[str, Adapter] = {}
         self._apply(settings)
+        metrics.registry.register(BreakerCollector(self))
 
     def _apply(self, settings: Settings) -> None:
         adapters: dict[str, Adapter] = {

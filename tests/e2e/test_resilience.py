@@ -148,6 +148,8 @@ providers:
         for _ in range(2):
             assert http.post("/v1/messages", json={"model": "fake-status-500", **KW}).status_code == 500
         assert status()["state"] == "open"
+        scraped = http.get("/metrics").text
+        assert 'gateway_target_state{alias="fake-*",model="",provider="c1"} 2.0' in scraped
         cooling = http.post("/v1/messages", json={"model": "fake-text", **KW})
         assert cooling.status_code == 529 and cooling.json()["error"]["type"] == "overloaded_error"
         assert cooling.headers["retry-after"] == "30"
@@ -156,6 +158,7 @@ providers:
         assert status()["state"] == "half_open"
         assert http.post("/v1/messages", json={"model": "fake-text", **KW}).status_code == 200  # the probe
         assert status()["state"] == "closed" and len(fake.requests) == 3
+        assert 'gateway_target_state{alias="fake-*",model="",provider="c1"} 0.0' in http.get("/metrics").text
 
 
 # --- strategies over 1,000 requests -------------------------------------------------------------------------
