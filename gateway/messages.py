@@ -83,6 +83,7 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
     headers = _headers(scope)
     rid = new_request_id()
     tally = UsageTally(gw.metrics, alias="")
+    tally.request_id = rid
     try:
         client_auth, key = authenticate(gw.keys, headers)
         limit = gw.settings.server.max_request_bytes
@@ -92,6 +93,7 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
         authorize(key, route, head.model)
         check_max_tokens(head.max_tokens, route.max_tokens, head.model)
     except GatewayError as exc:
+        tally.status = exc.status_code
         tally.record(Outcome.REJECTED)
         await _send_error(send, exc, rid)
         return
@@ -130,6 +132,8 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
                 return
             opened = await pipeline.open_stream(route, request, gw.metrics, tally, gw.resilience)
         except GatewayError as exc:
+            tally.status = exc.status_code
+            tally.upstream_request_id = exc.headers.get("request-id", "")
             tally.record(pipeline.outcome_of(exc))
             await _send_error(send, exc, rid)
             return
@@ -137,6 +141,7 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
             tally.record(Outcome.CLIENT_CANCELLED)
             raise
         extra = {"request-id": rid, **opened.stream.headers, "x-gateway-provider": tally.provider}
+        tally.upstream_request_id = opened.stream.headers.get("request-id", "")
         ping_s = route.ping_interval_s or gw.settings.server.ping_interval_s
         deadline = tally.started + gw.resilience.total_s
         body_iter = pipeline.stream_body(opened, gw.metrics, tally)
@@ -242,6 +247,7 @@ async def _stream(
         # The first chunk is made before the head goes out: from here on the body generator has started,
         # so its `finally` (close the upstream, record usage) runs however the response ends.
         first = await anext(body, b"")
+        tally.status = 200
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         keepalive = _Keepalive(send, task, ping_s, deadline, tally)
         if first:

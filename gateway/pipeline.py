@@ -138,6 +138,7 @@ async def _attempts(
         if not health.allow(res.clock()):
             continue
         tried += 1
+        tally.attempts = tried
         previous = target
         tally.provider, tally.model = target.provider, target.upstream_model(request.model)
         started = res.clock()
@@ -361,6 +362,8 @@ async def complete(
     try:
         reply = await _first_answer(route, request, metrics, tally, res or _DEFAULT, count=False)
     except GatewayError as exc:
+        tally.status = exc.status_code
+        tally.upstream_request_id = exc.headers.get("request-id", "")
         tally.record(outcome_of(exc))
         raise
     except (asyncio.CancelledError, GeneratorExit):
@@ -372,6 +375,8 @@ async def complete(
         usage = None
     if usage is not None:
         tally.usage = usage_of(usage)
+    tally.status = reply.status
+    tally.upstream_request_id = reply.headers.get("request-id", "")
     tally.record(Outcome.COMPLETED)
     return reply
 

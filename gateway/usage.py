@@ -6,9 +6,12 @@ usage *overwrites* (the counts are cumulative totals, never increments).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from gateway.events import EventView, Usage, UsageView
 
@@ -18,6 +21,10 @@ if TYPE_CHECKING:
 __all__ = ["Outcome", "UsageTally", "fold_usage", "overwrite_present", "usage_of"]
 
 EMPTY = Usage()
+
+access_log = logging.getLogger("gateway.access")
+"""One JSON line per request at INFO (``messages-gateway serve`` logs INFO; silence it with the logger's level)."""
+_encode_line = msgspec.json.Encoder().encode
 
 
 class Outcome:
@@ -70,13 +77,17 @@ class UsageTally:
         "_clock",
         "_metrics",
         "alias",
+        "attempts",
         "cancel_outcome",
         "first_token_at",
         "inflight",
         "model",
         "provider",
         "recorded",
+        "request_id",
         "started",
+        "status",
+        "upstream_request_id",
         "usage",
     )
 
@@ -99,6 +110,10 @@ class UsageTally:
         self.first_token_at: float | None = None
         self.recorded: str | None = None
         self.inflight = False
+        self.request_id = ""
+        self.status = 0  # the HTTP status the client got (200 for a stream, even one that ended in `error`)
+        self.attempts = 0
+        self.upstream_request_id = ""
         self.cancel_outcome = Outcome.CLIENT_CANCELLED  # what a stream cut short by the gateway records
 
     def begin(self) -> None:
@@ -121,13 +136,38 @@ class UsageTally:
         if self.inflight:
             self._metrics.inflight.dec()
         ttft = None if self.first_token_at is None else self.first_token_at - self.started
+        duration = self._clock() - self.started
         self._metrics.record_request(
             alias=self.alias,
             provider=self.provider,
             model=self.model,
             outcome=outcome,
             usage=self.usage,
-            duration=self._clock() - self.started,
+            duration=duration,
             time_to_first_token=ttft,
         )
+        if access_log.isEnabledFor(logging.INFO):
+            access_log.info("%s", self._access_line(outcome, ttft, duration))
         return True
+
+    def _access_line(self, outcome: str, ttft: float | None, duration: float) -> str:
+        """One JSON object: no prompt text, no keys, nothing from the client but its model name."""
+        usage = self.usage
+        return _encode_line(
+            {
+                "request_id": self.request_id,
+                "upstream_request_id": self.upstream_request_id,
+                "alias": self.alias,
+                "provider": self.provider,
+                "model": self.model,
+                "status": self.status,
+                "outcome": outcome,
+                "ttft_ms": None if ttft is None else round(ttft * 1000, 2),
+                "duration_ms": round(duration * 1000, 2),
+                "input_tokens": usage.input_tokens or 0,
+                "output_tokens": usage.output_tokens or 0,
+                "cache_read_input_tokens": usage.cache_read_input_tokens or 0,
+                "cache_creation_input_tokens": usage.cache_creation_input_tokens or 0,
+                "attempts": self.attempts,
+            }
+        ).decode()

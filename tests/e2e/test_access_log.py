@@ -1,0 +1,73 @@
+"""One structured JSON access-log line per request: ids, route, status, outcome, timings, the four token
+counts, attempts — and never the prompt or a key."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import RunningGateway
+from tests.fakes.claude_api import FakeClaudeAPI, final_message
+
+SECRET_PROMPT = "the launch code is 0000"
+KW: dict[str, Any] = {"max_tokens": 64, "messages": [{"role": "user", "content": SECRET_PROMPT}]}
+
+
+def lines(caplog: pytest.LogCaptureFixture, request_id: str) -> list[dict[str, Any]]:
+    """The access lines of the request whose response carried ``request_id`` (the provider's own id, when it
+    sent one, is what the client sees; the line has both)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        found = [
+            line
+            for r in caplog.records
+            if r.name == "gateway.access"
+            for line in [json.loads(r.getMessage())]
+            if request_id in (line["request_id"], line["upstream_request_id"])
+        ]
+        if found:
+            return found
+        time.sleep(0.02)
+    return []
+
+
+def test_one_line_per_streamed_request(
+    fake: FakeClaudeAPI, gateway: RunningGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    resp = httpx.post(
+        f"{gateway.url}/v1/messages",
+        json={"model": "fake-text", "stream": True, **KW},
+        headers={"x-api-key": "gw-key-1"},
+    )
+    found = lines(caplog, resp.headers["request-id"])
+    assert len(found) == 1
+    line = found[0]
+    usage = final_message("fake-text")["usage"]
+    assert line["alias"] == "*" and line["provider"] == "claude" and line["model"] == "fake-text"
+    assert (line["status"], line["outcome"], line["attempts"]) == (200, "completed", 1)
+    assert line["input_tokens"] == usage["input_tokens"] and line["output_tokens"] == usage["output_tokens"]
+    assert line["cache_read_input_tokens"] == usage["cache_read_input_tokens"]
+    assert line["ttft_ms"] is not None and line["duration_ms"] >= line["ttft_ms"]
+    everything = "\n".join(r.getMessage() for r in caplog.records)
+    assert SECRET_PROMPT not in everything and "gw-key-1" not in everything and "provider-key" not in everything
+
+
+def test_rejected_and_failed_requests_are_logged_too(
+    fake: FakeClaudeAPI, gateway: RunningGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    denied = httpx.post(f"{gateway.url}/v1/messages", json={"model": "fake-text", **KW}, headers={"x-api-key": "nope"})
+    failed = httpx.post(
+        f"{gateway.url}/v1/messages", json={"model": "fake-status-529", **KW}, headers={"x-api-key": "gw-key-1"}
+    )
+    (denied_line,) = lines(caplog, denied.headers["request-id"])
+    (failed_line,) = lines(caplog, failed.headers["request-id"])
+    assert (denied_line["status"], denied_line["outcome"]) == (401, "rejected")
+    assert (failed_line["status"], failed_line["outcome"], failed_line["attempts"]) == (529, "upstream_error", 1)
+    assert "nope" not in json.dumps(denied_line)
