@@ -67,6 +67,7 @@ class Gateway:
         routes = RouteTable(settings.models, adapters, settings.resilience.breaker)
         resilience = self._fixed_resilience or Resilience(settings.resilience)
         keys = build_keys(settings.auth.keys)
+        self.metrics.set_pricing(settings.pricing)
         if self.adapters:
             self._retired.append(self.adapters)  # closed at shutdown: in-flight requests may still use them
         # one assignment each, no await in between: a request sees the old table or the new one

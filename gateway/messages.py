@@ -123,6 +123,7 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
         try:
             if not stream:
                 reply = await pipeline.complete(route, request, gw.metrics, tally, gw.resilience)
+                tally.first_byte()
                 await _send_json(
                     send,
                     reply.status,
@@ -248,6 +249,7 @@ async def _stream(
         # so its `finally` (close the upstream, record usage) runs however the response ends.
         first = await anext(body, b"")
         tally.status = 200
+        tally.first_byte()
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         keepalive = _Keepalive(send, task, ping_s, deadline, tally)
         if first:

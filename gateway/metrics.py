@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gateway.events import Usage
+from gateway.settings import Price
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
+
+_MISSING = object()
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -61,6 +66,21 @@ class Metrics:
             ["alias", "from", "to", "reason"],
             registry=r,
         )
+        self.added_latency = Histogram(
+            "gateway_added_latency_seconds",
+            "Time to first byte added by the gateway over the provider's own (retries and fallbacks included).",
+            ["alias", "provider"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.cost = Counter(
+            "gateway_cost_usd",
+            "Cost of the tokens used, from the config's pricing table.",
+            ["alias", "provider", "model"],
+            registry=r,
+        )
+        self.pricing: list[tuple[str, Price]] = []
+        self._prices: dict[str, Price | None] = {}
         self.usage_mismatch = Counter(
             "gateway_usage_mismatch",
             "Streams whose provider-side token counts (Bedrock invocation metrics) disagree with the stream's usage.",
@@ -93,10 +113,33 @@ class Metrics:
             children.cache_read.inc(usage.cache_read_input_tokens)
         if usage.cache_creation_input_tokens:
             children.cache_creation.inc(usage.cache_creation_input_tokens)
+        if self.pricing:
+            price = self.price_of(model)
+            if price is not None:
+                cost = (
+                    (usage.input_tokens or 0) * price.input
+                    + (usage.output_tokens or 0) * price.output
+                    + (usage.cache_read_input_tokens or 0) * price.cache_read
+                    + (usage.cache_creation_input_tokens or 0) * price.cache_creation
+                ) / 1_000_000
+                if cost:
+                    self.cost.labels(alias, provider, model).inc(cost)
         if provider:
             children.duration.observe(duration)
             if time_to_first_token is not None:
                 children.ttft.observe(time_to_first_token)
+
+    def set_pricing(self, pricing: dict[str, Price]) -> None:
+        self.pricing = list(pricing.items())
+        self._prices = {}
+
+    def price_of(self, model: str) -> Price | None:
+        price = self._prices.get(model, _MISSING)
+        if price is _MISSING:
+            price = next((p for pattern, p in self.pricing if fnmatchcase(model, pattern)), None)
+            if len(self._prices) < 4096:
+                self._prices[model] = price
+        return price  # type: ignore[return-value]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

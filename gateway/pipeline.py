@@ -156,7 +156,9 @@ async def _attempts(
         except BaseException:
             health.end()
             raise
-        health.record_success(res.clock(), ttft_s=res.clock() - started)
+        waited = res.clock() - started
+        tally.upstream_wait = waited
+        health.record_success(res.clock(), ttft_s=waited)
         if not hold:  # a stream stays in flight on its target until stream_body ends it
             health.end()
         return result

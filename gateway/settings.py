@@ -29,6 +29,7 @@ __all__ = [
     "FoundryProvider",
     "MockProvider",
     "ModelRoute",
+    "Price",
     "ProviderConfig",
     "ResilienceSettings",
     "RetrySettings",
@@ -227,12 +228,22 @@ class ModelRoute(_Strict, frozen=True, kw_only=True):
     max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None  # a ceiling: larger requests get 400
 
 
+class Price(_Strict, frozen=True, kw_only=True):
+    """US dollars per million tokens of each type."""
+
+    input: NonNegativeFloat = 0.0
+    output: NonNegativeFloat = 0.0
+    cache_read: NonNegativeFloat = 0.0
+    cache_creation: NonNegativeFloat = 0.0
+
+
 class Settings(_Strict, frozen=True, kw_only=True):
     server: ServerSettings = ServerSettings()
     auth: AuthSettings = AuthSettings()
     resilience: ResilienceSettings = ResilienceSettings()
     providers: dict[str, ProviderConfig] = {}
     models: dict[str, ModelRoute] = {}
+    pricing: dict[str, Price] = {}  # upstream model id (globs allowed, first match in file order) -> price
 
 
 def default_config_path() -> Path:

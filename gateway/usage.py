@@ -88,6 +88,7 @@ class UsageTally:
         "started",
         "status",
         "upstream_request_id",
+        "upstream_wait",
         "usage",
     )
 
@@ -114,12 +115,19 @@ class UsageTally:
         self.status = 0  # the HTTP status the client got (200 for a stream, even one that ended in `error`)
         self.attempts = 0
         self.upstream_request_id = ""
+        self.upstream_wait: float | None = None  # the answering provider's own time to its first event
         self.cancel_outcome = Outcome.CLIENT_CANCELLED  # what a stream cut short by the gateway records
 
     def begin(self) -> None:
         """The request is being served: counted in flight until ``record``."""
         self._metrics.inflight.inc()
         self.inflight = True
+
+    def first_byte(self) -> None:
+        """The client's first byte is going out: what the gateway added to the provider's own wait."""
+        if self.upstream_wait is not None and self.provider:
+            added = self._clock() - self.started - self.upstream_wait
+            self._metrics.added_latency.labels(self.alias, self.provider).observe(max(0.0, added))
 
     def observe(self, view: EventView) -> None:
         etype = view.type
