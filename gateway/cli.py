@@ -15,7 +15,7 @@ from gateway.settings import ConfigError, default_config_path, load_settings
 if TYPE_CHECKING:
     from gateway.app import GatewayApp
 
-__all__ = ["app_from_env", "main"]
+__all__ = ["app_from_env", "main", "serving_warnings"]
 
 _CONFIG_ENV = "MESSAGES_GATEWAY_CONFIG"
 
@@ -32,6 +32,19 @@ def app_from_env() -> GatewayApp:
     )
 
 
+def serving_warnings(workers: int, environ: dict[str, str] | None = None) -> list[str]:
+    """What an operator should know before serving. Metrics: one process per container is this gateway's
+    mode (prometheus-client's registries are per process); several workers split the counters between
+    processes and a scrape sees whichever one answers."""
+    notes = []
+    if workers > 1:
+        notes.append(
+            f"{workers} workers: /metrics shows one worker process per scrape (counters are per process); "
+            "for exact metrics run workers: 1 per container and scale out with replicas"
+        )
+    return notes
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -46,9 +59,10 @@ def _serve(args: argparse.Namespace) -> int:
     port = settings.server.port if args.port is None else args.port
     workers = args.workers or settings.server.workers
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("gateway").info(
-        "serving %s on http://%s:%d (%d worker%s)", path, host, port, workers, "" if workers == 1 else "s"
-    )
+    log = logging.getLogger("gateway")
+    log.info("serving %s on http://%s:%d (%d worker%s)", path, host, port, workers, "" if workers == 1 else "s")
+    for note in serving_warnings(workers):
+        log.warning("%s", note)
     uvicorn.run(
         "gateway.cli:app_from_env",
         factory=True,

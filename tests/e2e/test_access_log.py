@@ -71,3 +71,50 @@ def test_rejected_and_failed_requests_are_logged_too(
     assert (denied_line["status"], denied_line["outcome"]) == (401, "rejected")
     assert (failed_line["status"], failed_line["outcome"], failed_line["attempts"]) == (529, "upstream_error", 1)
     assert "nope" not in json.dumps(denied_line)
+
+
+PLANTED = "sk-planted-secret-do-not-log-7f3a"
+
+
+def test_a_line_for_each_outcome_and_the_planted_secret_never_appears(
+    fake: FakeClaudeAPI, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.conftest import run_gateway
+
+    caplog.set_level(logging.INFO)
+    yaml = f"""
+resilience: {{retry: {{max_attempts: 1}}, timeouts: {{total_s: 5}}}}
+auth: {{keys: [gw-key]}}
+providers:
+  c1: {{kind: anthropic, api_key: "{PLANTED}", base_url: "{fake.base_url}", read_timeout_s: 0.02}}
+  c2: {{kind: anthropic, api_key: "{PLANTED}", base_url: "{fake.base_url}"}}
+  silent: {{kind: mock, first_event_delay_ms: 3000}}
+models:
+  timing-out: {{targets: [{{provider: c1, model: fake-slow}}]}}
+  silent: {{targets: [{{provider: silent}}]}}
+  "*": {{targets: [{{provider: c2}}]}}
+"""
+    auth = {"x-api-key": "gw-key"}
+    with run_gateway(yaml) as gw:
+        url = f"{gw.url}/v1/messages"
+        httpx.post(url, json={"model": "fake-text", "stream": True, **KW}, headers=auth)  # completed
+        httpx.post(url, json={"model": "fake-text", **KW}, headers={"x-api-key": PLANTED})  # rejected
+        httpx.post(url, json={"model": "fake-status-500", **KW}, headers=auth)  # upstream_error
+        httpx.post(url, json={"model": "timing-out", "stream": True, **KW}, headers=auth)  # timeout (idle gap)
+        with (
+            httpx.Client() as client,
+            client.stream("POST", url, json={"model": "fake-slow", "stream": True, **KW}, headers=auth) as resp,
+        ):
+            for line in resp.iter_lines():
+                if line.startswith("event: content_block_delta"):
+                    break  # client_cancelled
+        deadline = time.monotonic() + 5
+        outcomes: set[str] = set()
+        while time.monotonic() < deadline:
+            outcomes = {json.loads(r.getMessage())["outcome"] for r in caplog.records if r.name == "gateway.access"}
+            if {"completed", "rejected", "upstream_error", "timeout", "client_cancelled"} <= outcomes:
+                break
+            time.sleep(0.05)
+        assert {"completed", "rejected", "upstream_error", "timeout", "client_cancelled"} <= outcomes
+    everything = "\n".join(r.getMessage() for r in caplog.records) + caplog.text
+    assert PLANTED not in everything and SECRET_PROMPT not in everything

@@ -1,0 +1,21 @@
+"""The CLI's serving notes: metrics are per process, so several workers get a warning."""
+
+from __future__ import annotations
+
+from gateway.cli import main, serving_warnings
+
+
+def test_one_worker_is_the_metrics_mode() -> None:
+    assert serving_warnings(1) == []
+    (note,) = serving_warnings(4)
+    assert "per process" in note and "workers: 1" in note
+
+
+def test_check_config(tmp_path: object, capsys: object) -> None:
+    from pathlib import Path
+
+    path = Path(str(tmp_path)) / "g.yaml"
+    path.write_text("providers: {m: {kind: mock}}\nmodels: {a: {targets: [{provider: m}]}}\n")
+    assert main(["check-config", str(path)]) == 0
+    path.write_text("providers: {m: {kind: mock, nope: 1}}\n")
+    assert main(["check-config", str(path)]) == 2
