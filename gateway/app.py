@@ -23,6 +23,7 @@ from gateway.pipeline import Resilience
 from gateway.routing import RouteTable
 from gateway.settings import ConfigError, Settings, load_settings
 from gateway.status import STATUS_HANDLERS, BreakerCollector
+from gateway.tracing import request_tracer
 from gateway.upstream import HttpClient, make_client
 from gateway.usage import Outcome, UsageTally
 
@@ -68,6 +69,7 @@ class Gateway:
         resilience = self._fixed_resilience or Resilience(settings.resilience)
         keys = build_keys(settings.auth.keys)
         self.metrics.set_pricing(settings.pricing)
+        self.metrics.tracer = request_tracer(settings.server.tracing)
         if self.adapters:
             self._retired.append(self.adapters)  # closed at shutdown: in-flight requests may still use them
         # one assignment each, no await in between: a request sees the old table or the new one

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -80,6 +81,7 @@ class Metrics:
             registry=r,
         )
         self.pricing: list[tuple[str, Price]] = []
+        self.tracer: Any = None  # an OpenTelemetry tracer when server.tracing is on
         self._prices: dict[str, Price | None] = {}
         self.usage_mismatch = Counter(
             "gateway_usage_mismatch",

@@ -64,6 +64,7 @@ class ServerSettings(_Strict, frozen=True, kw_only=True):
     ping_interval_s: PositiveFloat = 10.0  # a `ping` event while the provider is silent this long
     drain_timeout_s: NonNegativeFloat = 30.0  # on SIGTERM: how long in-flight streams may finish
     forward_headers: list[str] | None = None  # client headers allowed upstream; None: anthropic-beta
+    tracing: bool = False  # OpenTelemetry spans, one per request (the `otel` extra)
 
 
 class RetrySettings(_Strict, frozen=True, kw_only=True):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -86,6 +86,7 @@ class UsageTally:
         "recorded",
         "request_id",
         "started",
+        "started_ns",
         "status",
         "upstream_request_id",
         "upstream_wait",
@@ -108,6 +109,7 @@ class UsageTally:
         self.model = model
         self.usage = EMPTY
         self.started = clock()
+        self.started_ns = time.time_ns() if metrics.tracer is not None else 0
         self.first_token_at: float | None = None
         self.recorded: str | None = None
         self.inflight = False
@@ -156,7 +158,31 @@ class UsageTally:
         )
         if access_log.isEnabledFor(logging.INFO):
             access_log.info("%s", self._access_line(outcome, ttft, duration))
+        if self._metrics.tracer is not None:
+            self._span(outcome, ttft)
         return True
+
+    def _span(self, outcome: str, ttft: float | None) -> None:
+        usage = self.usage
+        attributes: dict[str, Any] = {
+            "gateway.alias": self.alias,
+            "gateway.provider": self.provider,
+            "gateway.model": self.model,
+            "gateway.outcome": outcome,
+            "gateway.attempts": self.attempts,
+            "http.response.status_code": self.status,
+            "gen_ai.usage.input_tokens": usage.input_tokens or 0,
+            "gen_ai.usage.output_tokens": usage.output_tokens or 0,
+            "gateway.usage.cache_read_input_tokens": usage.cache_read_input_tokens or 0,
+            "gateway.usage.cache_creation_input_tokens": usage.cache_creation_input_tokens or 0,
+            "gateway.request_id": self.request_id,
+        }
+        if ttft is not None:
+            attributes["gateway.time_to_first_token_ms"] = round(ttft * 1000, 3)
+        span = self._metrics.tracer.start_span(
+            f"messages {self.alias}", start_time=self.started_ns, attributes=attributes
+        )
+        span.end()
 
     def _access_line(self, outcome: str, ttft: float | None, duration: float) -> str:
         """One JSON object: no prompt text, no keys, nothing from the client but its model name."""
