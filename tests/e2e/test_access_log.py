@@ -118,3 +118,56 @@ models:
         assert {"completed", "rejected", "upstream_error", "timeout", "client_cancelled"} <= outcomes
     everything = "\n".join(r.getMessage() for r in caplog.records) + caplog.text
     assert PLANTED not in everything and SECRET_PROMPT not in everything
+
+
+def test_invalid_stream_outcome_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A provider whose stream breaks the protocol (a delta for a block that never started)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.conftest import run_gateway
+
+    body = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","type":"message","role":'
+        b'"assistant","model":"x","content":[],"stop_reason":null,"stop_sequence":null,'
+        b'"usage":{"input_tokens":5,"output_tokens":1}}}\n\n'
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":3,'
+        b'"delta":{"type":"text_delta","text":"hi"}}\n\n'
+    )
+
+    class Broken(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Broken)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    yaml = f"""
+providers: {{b: {{kind: anthropic, api_key: p, base_url: "http://127.0.0.1:{server.server_port}"}}}}
+models: {{"*": {{targets: [{{provider: b}}]}}}}
+"""
+    try:
+        with run_gateway(yaml) as gw:
+            resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "broken", "stream": True, **KW})
+            assert resp.text.rstrip().split("\n")[-1].startswith('data: {"type":"error"')
+            deadline = time.monotonic() + 5
+            found: list[dict[str, Any]] = []
+            while not found and time.monotonic() < deadline:
+                found = [
+                    json.loads(r.getMessage())
+                    for r in caplog.records
+                    if r.name == "gateway.access" and '"model":"broken"' in r.getMessage()
+                ]
+                time.sleep(0.02)
+            assert [line["outcome"] for line in found] == ["invalid_stream"]
+            assert found[0]["input_tokens"] == 5
+    finally:
+        server.shutdown()
