@@ -30,10 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
 from aiohttp import web
+
+from ._server import BackgroundServer
 
 __all__ = [
     "DEFAULT_FIXTURE_DIR",
@@ -560,7 +561,7 @@ class _Counters:
     requests: list[RecordedRequest] = field(default_factory=list)
 
 
-class FakeClaudeAPI:
+class FakeClaudeAPI(BackgroundServer):
     """The fake server. ``with FakeClaudeAPI() as fake: ...`` starts and stops it."""
 
     MODELS: tuple[dict[str, Any], ...] = (
@@ -584,15 +585,10 @@ class FakeClaudeAPI:
         },
     )
 
-    def __init__(self) -> None:
-        self.base_url = ""
-        self.port = 0
-        self._cond = threading.Condition()
-        self._state = _Counters()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self._stopping = False
+    thread_name = "fake-claude-api"
+
+    def _new_state(self) -> _Counters:
+        return _Counters()
 
     # -- public state -----------------------------------------------------------------------
 
@@ -600,104 +596,6 @@ class FakeClaudeAPI:
     def requests(self) -> list[RecordedRequest]:
         with self._cond:
             return list(self._state.requests)
-
-    @property
-    def disconnects(self) -> int:
-        with self._cond:
-            return self._state.disconnects
-
-    def wait_for_disconnect(self, timeout: float = 5.0, count: int = 1) -> bool:
-        """Wait until at least ``count`` streams lost their client; False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._state.disconnects >= count, timeout)
-
-    def reset(self) -> None:
-        with self._cond:
-            self._state = _Counters()
-
-    def _record(self, req: RecordedRequest) -> None:
-        with self._cond:
-            self._state.requests.append(req)
-            self._cond.notify_all()
-
-    def _note_disconnect(self) -> None:
-        if self._stopping:
-            return
-        with self._cond:
-            self._state.disconnects += 1
-            self._cond.notify_all()
-
-    # -- lifecycle ----------------------------------------------------------------------------
-
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("FakeClaudeAPI already started")
-        self._stopping = False
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(target=self._run_loop, args=(loop,), name="fake-claude-api", daemon=True)
-        self._thread.start()
-        try:
-            asyncio.run_coroutine_threadsafe(self._astart(), loop).result(timeout=10)
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        self._stopping = True
-        try:
-            if self._runner is not None and loop.is_running():
-                asyncio.run_coroutine_threadsafe(self._astop(), loop).result(timeout=10)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=10)
-            self._loop = None
-            self._thread = None
-
-    def __enter__(self) -> FakeClaudeAPI:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    @staticmethod
-    def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-
-    async def _astart(self) -> None:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._dispatch)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self._runner = runner
-        host, port = runner.addresses[0][:2]
-        self.port = port
-        self.base_url = f"http://{host}:{port}"
-
-    async def _astop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
     # -- request handling ---------------------------------------------------------------------
 

@@ -67,7 +67,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qsl, unquote
 
@@ -76,6 +75,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+from ._server import BackgroundServer
 from .claude_api import STATUS_SCENARIOS as CLAUDE_STATUS_SCENARIOS
 from .claude_api import RecordedRequest, Scenario, accumulate, encode_event, get_scenario
 
@@ -342,7 +342,7 @@ class _Counters:
     token_requests: list[TokenRequest] = field(default_factory=list)
 
 
-class FakeVertex:
+class FakeVertex(BackgroundServer):
     """The fake Vertex AI endpoint and token server. ``with FakeVertex() as fake: ...`` starts and stops it."""
 
     def __init__(self, *, project: str = "fake-project", token_lifetime_s: int = 3600) -> None:
@@ -351,20 +351,23 @@ class FakeVertex:
         self.token_lifetime_s = token_lifetime_s
         #: seconds the token endpoint waits before answering
         self.token_delay_s = 0.0
-        self.base_url = ""  # http://127.0.0.1:PORT/v1
         self.token_uri = ""  # http://127.0.0.1:PORT/token
-        self.port = 0
-        self._cond = threading.Condition()
-        self._state = _Counters()
         self._tokens: dict[str, _TokenInfo] = {}
         self._issued: list[str] = []
         self._token_counter = itertools.count(1)
         self._accounts: dict[str, _ServiceAccount] = {}
         self._users: dict[str, _AuthorizedUser] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self._stopping = False
+        super().__init__()
+
+    thread_name = "fake-vertex"
+
+    def _new_state(self) -> _Counters:
+        return _Counters()
+
+    def _started(self, host: str, port: int) -> None:
+        self.port = port
+        self.base_url = f"http://{host}:{port}/v1"
+        self.token_uri = f"http://{host}:{port}/token"
 
     # -- public state -----------------------------------------------------------------------
 
@@ -383,16 +386,6 @@ class FakeVertex:
         """Every access token issued so far, oldest first (``reset()`` does not forget them)."""
         with self._cond:
             return list(self._issued)
-
-    @property
-    def disconnects(self) -> int:
-        with self._cond:
-            return self._state.disconnects
-
-    def wait_for_disconnect(self, timeout: float = 5.0, count: int = 1) -> bool:
-        """Wait until at least ``count`` streams lost their client; False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._state.disconnects >= count, timeout)
 
     def reset(self) -> None:
         """Forget recorded requests, token exchanges and disconnects (issued tokens stay valid)."""
@@ -503,95 +496,10 @@ class FakeVertex:
             return "expired"
         return "valid"
 
-    def _record(self, req: VertexRequest) -> None:
-        with self._cond:
-            self._state.requests.append(req)
-            self._cond.notify_all()
-
     def _record_token(self, req: TokenRequest) -> None:
         with self._cond:
             self._state.token_requests.append(req)
             self._cond.notify_all()
-
-    def _note_disconnect(self) -> None:
-        if self._stopping:
-            return
-        with self._cond:
-            self._state.disconnects += 1
-            self._cond.notify_all()
-
-    # -- lifecycle ----------------------------------------------------------------------------
-
-    def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("FakeVertex already started")
-        self._stopping = False
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(target=self._run_loop, args=(loop,), name="fake-vertex", daemon=True)
-        self._thread.start()
-        try:
-            asyncio.run_coroutine_threadsafe(self._astart(), loop).result(timeout=10)
-        except BaseException:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        self._stopping = True
-        try:
-            if self._runner is not None and loop.is_running():
-                asyncio.run_coroutine_threadsafe(self._astop(), loop).result(timeout=10)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=10)
-            self._loop = None
-            self._thread = None
-
-    def __enter__(self) -> FakeVertex:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    @staticmethod
-    def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
-
-    async def _astart(self) -> None:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._dispatch)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self._runner = runner
-        host, port = runner.addresses[0][:2]
-        self.port = port
-        self.base_url = f"http://{host}:{port}/v1"
-        self.token_uri = f"http://{host}:{port}/token"
-
-    async def _astop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
     # -- responses ------------------------------------------------------------------------------
 
