@@ -76,7 +76,6 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import parse_qsl, unquote
 
@@ -86,6 +85,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from ._server import BackgroundServer
 from .claude_api import STATUS_SCENARIOS as CLAUDE_STATUS_SCENARIOS
 from .claude_api import RecordedRequest, Scenario, accumulate, encode_event, get_scenario
 
@@ -299,7 +299,7 @@ class _Counters:
 # ---------------------------------------------------------------------------------------------
 
 
-class FakeFoundry:
+class FakeFoundry(BackgroundServer):
     """The fake Foundry resource and Entra authority. ``with FakeFoundry() as fake: ...`` starts and stops it."""
 
     def __init__(
@@ -319,25 +319,23 @@ class FakeFoundry:
         self.token_lifetime_s = token_lifetime_s
         #: seconds the token endpoint waits before answering
         self.token_delay_s = 0.0
-        self.base_url = ""  # http://127.0.0.1:PORT/anthropic
         self.https_base_url = ""  # https://127.0.0.1:TLS_PORT/anthropic
         self.authority_url = ""  # https://127.0.0.1:TLS_PORT
         self.authority_host = ""  # 127.0.0.1:TLS_PORT
         self.ca_file = ""  # PEM of the CA that signed the TLS certificate
-        self.port = 0
         self.tls_port = 0
-        self._cond = threading.Condition()
-        self._state = _Counters()
         self._tokens: dict[str, _TokenInfo] = {}
         self._issued: list[str] = []
         self._token_counter = itertools.count(1)
         self._signing_key: rsa.RSAPrivateKey | None = None
         self._kid = uuid.uuid4().hex[:16]
         self._tls: _TlsFiles | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self._stopping = False
+        super().__init__()  # base_url: http://127.0.0.1:PORT/anthropic
+
+    thread_name = "fake-foundry"
+
+    def _new_state(self) -> _Counters:
+        return _Counters()
 
     # -- public state -----------------------------------------------------------------------
 
@@ -356,16 +354,6 @@ class FakeFoundry:
         """Every Entra access token issued so far, oldest first (``reset()`` does not forget them)."""
         with self._cond:
             return list(self._issued)
-
-    @property
-    def disconnects(self) -> int:
-        with self._cond:
-            return self._state.disconnects
-
-    def wait_for_disconnect(self, timeout: float = 5.0, count: int = 1) -> bool:
-        """Wait until at least ``count`` streams lost their client; False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._state.disconnects >= count, timeout)
 
     def reset(self) -> None:
         """Forget recorded requests, token exchanges and disconnects (issued tokens stay valid)."""
@@ -436,84 +424,27 @@ class FakeFoundry:
             return "expired"
         return "valid"
 
-    def _record(self, req: FoundryRequest) -> None:
-        with self._cond:
-            self._state.requests.append(req)
-            self._cond.notify_all()
-
     def _record_token(self, req: EntraTokenRequest) -> None:
         with self._cond:
             self._state.token_requests.append(req)
             self._cond.notify_all()
 
-    def _note_disconnect(self) -> None:
-        if self._stopping:
-            return
-        with self._cond:
-            self._state.disconnects += 1
-            self._cond.notify_all()
-
-    # -- lifecycle ----------------------------------------------------------------------------
+    # -- lifecycle: the base's, plus TLS files made before and removed after ---------------------
 
     def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("FakeFoundry already started")
-        self._stopping = False
         if self._signing_key is None:
             self._signing_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self._tls = _make_tls_files()
         self.ca_file = str(self._tls.ca_file)
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._thread = threading.Thread(target=self._run_loop, args=(loop,), name="fake-foundry", daemon=True)
-        self._thread.start()
-        try:
-            asyncio.run_coroutine_threadsafe(self._astart(), loop).result(timeout=10)
-        except BaseException:
-            self.stop()
-            raise
+        super().start()
 
     def stop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        self._stopping = True
         try:
-            if self._runner is not None and loop.is_running():
-                asyncio.run_coroutine_threadsafe(self._astop(), loop).result(timeout=10)
+            super().stop()
         finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=10)
-            self._loop = None
-            self._thread = None
             if self._tls is not None:
                 shutil.rmtree(self._tls.directory, ignore_errors=True)
                 self._tls = None
-
-    def __enter__(self) -> FakeFoundry:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    @staticmethod
-    def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.run_until_complete(loop.shutdown_default_executor())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
 
     async def _astart(self) -> None:
         assert self._tls is not None
@@ -533,11 +464,6 @@ class FakeFoundry:
         self.https_base_url = f"https://{host}:{tls_port}/anthropic"
         self.authority_host = f"{host}:{tls_port}"
         self.authority_url = f"https://{host}:{tls_port}"
-
-    async def _astop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
 
     # -- responses ------------------------------------------------------------------------------
 
