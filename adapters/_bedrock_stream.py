@@ -9,13 +9,13 @@ from typing import Any
 
 import msgspec
 
-from gateway.errors import UpstreamStatusError, error_type_for_status
+from gateway.errors import UpstreamStatusError, error_frame, error_type_for_status
 from gateway.events import Batch, ErrorDetail, ErrorEvent, EventView, Usage, decode_views, encode_event
 from gateway.sse import encode_frames
 from gateway.upstream import StreamInterrupted, UpstreamResponse
 from gateway.usage import fold_usage
 
-from ._converse import ConverseTranscoder
+from ._converse import STREAM_EXCEPTIONS, ConverseTranscoder
 from ._eventstream import EventStreamDecoder, EventStreamError, EventStreamMessage, parse_headers
 from .base import batch_of_block
 
@@ -45,15 +45,6 @@ BEDROCK_ERRORS: dict[str, tuple[int, str]] = {
     "ServiceUnavailableException": (529, "overloaded_error"),
 }
 
-# §6: exception members of the response stream -> Anthropic error type of the terminal `error` event.
-STREAM_EXCEPTIONS: dict[str, str] = {
-    "throttlingException": "rate_limit_error",
-    "serviceUnavailableException": "overloaded_error",
-    "modelTimeoutException": "timeout_error",
-    "validationException": "invalid_request_error",
-    "internalServerException": "api_error",
-    "modelStreamErrorException": "api_error",
-}
 
 _METRICS_KEY = "amazon-bedrock-invocationMetrics"
 _METRICS_BYTES = _METRICS_KEY.encode()
@@ -295,7 +286,7 @@ class ConverseEventStream:
                         break
                     else:
                         text = f"{_text(headers.get(':error-code')) or 'error'}: {_text(headers.get(':error-message'))}"
-                        out.append(_sse_error("api_error", f"provider {self._name!r}: {text}"))
+                        out.append(error_frame("api_error", f"provider {self._name!r}: {text}"))
                         failed = True
                         break
                 block = b"".join(out)
@@ -314,7 +305,3 @@ class ConverseEventStream:
 
     async def aclose(self) -> None:
         await self._resp.aclose()
-
-
-def _sse_error(error_type: str, message: str) -> bytes:
-    return b"event: error\ndata: " + _error_data(error_type, message) + b"\n\n"

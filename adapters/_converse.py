@@ -13,13 +13,14 @@ from typing import Any
 
 import msgspec
 
+from gateway.errors import error_frame
 from gateway.sse import encode_frame
 
 from ._converse_request import FROM_LOCATION as _FROM_LOCATION
 from ._converse_request import INDEX_KEY as _INDEX_KEY
 from ._converse_request import ConverseUnsupported, to_converse
 
-__all__ = ["ConverseTranscoder", "ConverseUnsupported", "from_converse_response", "to_converse"]
+__all__ = ["STREAM_EXCEPTIONS", "ConverseTranscoder", "ConverseUnsupported", "from_converse_response", "to_converse"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -143,13 +144,15 @@ def from_converse_response(resp: dict[str, Any], *, model: str, message_id: str)
 
 # --- stream -----------------------------------------------------------------------------------------
 
-_ERROR_TYPES = {
+# protocols.md §6: exception members of a Bedrock response stream (InvokeModel's and ConverseStream's alike)
+# -> the Anthropic error type of the terminal `error` event.
+STREAM_EXCEPTIONS: dict[str, str] = {
     "throttlingException": "rate_limit_error",
     "serviceUnavailableException": "overloaded_error",
+    "modelTimeoutException": "timeout_error",
     "validationException": "invalid_request_error",
     "internalServerException": "api_error",
     "modelStreamErrorException": "api_error",
-    "modelTimeoutException": "timeout_error",
 }
 _DELTA_HEAD = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
 _DELTA_KEYS = {"text": b"text_delta", "thinking": b"thinking_delta", "tool_use": b"input_json_delta"}
@@ -162,10 +165,6 @@ _THINKING_START = {"type": "thinking", "thinking": "", "signature": ""}
 
 def _frame(event: str, data: dict[str, Any]) -> bytes:
     return encode_frame(event, _encode(data))
-
-
-def _error_frame(error_type: str, message: str) -> bytes:
-    return _frame("error", {"type": "error", "error": {"type": error_type, "message": message}})
 
 
 class ConverseTranscoder:
@@ -219,7 +218,7 @@ class ConverseTranscoder:
             return b""
         self._end()
         message = payload.get("message") or payload.get("Message") or name
-        return _error_frame(_ERROR_TYPES.get(name, "api_error"), str(message))
+        return error_frame(STREAM_EXCEPTIONS.get(name, "api_error"), str(message))
 
     def close(self) -> bytes:
         """End of input: ``b""`` after ``message_stop`` (or an error); otherwise an ``error`` frame."""
@@ -233,7 +232,7 @@ class ConverseTranscoder:
             else "before messageStop"
         )
         self._end()
-        return _error_frame("api_error", f"The Converse stream ended early ({where}).")
+        return error_frame("api_error", f"The Converse stream ended early ({where}).")
 
     # -- handlers --
 

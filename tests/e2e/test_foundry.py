@@ -99,7 +99,7 @@ def test_entra_token_from_the_authority(fake: FakeFoundry, gw: RunningGateway) -
     requests = fake.requests
     assert {r.auth for r in requests} == {"bearer"} and not any(r.api_key_headers for r in requests)
     tokens = [t for t in fake.token_requests if t.kind == "token"]
-    assert len(tokens) <= 1  # cached: fetched once (or earlier in this module), reused
+    assert len(tokens) == 1  # fetched once by the first request, reused by the others
     assert all(r.auth_error is None for r in requests)
 
 
