@@ -158,10 +158,8 @@ class BedrockEventStream:
                 views = decode_views(datas)
                 if start is None and views[0].type == "message_start":
                     start = views[0]
-                for i in (len(views) - 1, *range(len(views) - 1)) if _METRICS_BYTES in datas[-1] else ():
-                    if views[i].type == "message_stop" and _METRICS_BYTES in datas[i]:  # the last, as a rule
-                        datas[i] = self._strip_metrics(datas[i], start, previous + views[:i])
-                        break
+                if views[-1].type == "message_stop" and _METRICS_BYTES in datas[-1]:  # where they are, as a rule
+                    datas[-1] = self._strip_metrics(datas[-1], start, previous + views[:-1])
                 raw = encode_frames(views, datas)
                 if raw.count(b"\n") != 3 * len(datas) or b"\r" in raw or _METRICS_BYTES in raw:
                     raw = self._rewrite(views, datas, start, previous)  # multi-line JSON; metrics elsewhere

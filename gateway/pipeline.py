@@ -52,13 +52,21 @@ _KNOWN = frozenset(KNOWN_EVENTS)
 class OpenStream:
     """A provider stream whose first events have arrived and not yet been sent."""
 
-    __slots__ = ("batches", "first", "stream", "target")
+    __slots__ = ("batches", "clock", "first", "stream", "target")
 
-    def __init__(self, target: Target, stream: EventStream, batches: AsyncGenerator[Batch], first: Batch) -> None:
+    def __init__(
+        self,
+        target: Target,
+        stream: EventStream,
+        batches: AsyncGenerator[Batch],
+        first: Batch,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.target = target
         self.stream = stream
         self.batches = batches
         self.first = first
+        self.clock = clock  # the clock the target's breaker runs on
 
 
 class Resilience:
@@ -204,7 +212,7 @@ async def open_stream(
             raise
         if failure is None:
             assert stream is not None and batches is not None
-            return OpenStream(target, stream, batches, first)
+            return OpenStream(target, stream, batches, first, res.clock)
         if stream is not None:
             await _close(batches, stream)
         raise failure
@@ -295,7 +303,7 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
         health = opened.target.health
         health.end()
         if outcome in (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT, Outcome.INVALID_STREAM):
-            health.record_failure(time.monotonic())
+            health.record_failure(opened.clock())
         tally.record(outcome or tally.cancel_outcome)
         if validator.state is State.DONE:
             _drain_later(opened)

@@ -316,3 +316,19 @@ def test_client_leaving_a_non_streamed_request_cancels_it_upstream(
     assert gateway.sample(
         "gateway_requests_total", alias="*", provider="claude", model="fake-slow", outcome="client_cancelled"
     )
+
+
+def test_a_stream_failing_after_it_started_counts_against_its_target(fake: FakeClaudeAPI, clock: FakeClock) -> None:
+    yaml = f"""
+resilience: {{retry: {{max_attempts: 1}}, breaker: {{failure_threshold: 1, window_s: 60, cooldown_s: 30}}}}
+providers:
+{claude("c1", fake.base_url)}models: {{"fake-*": {{targets: [{{provider: c1}}]}}}}
+"""
+    settings = parse_settings(yaml, environ={})
+    res = Resilience(settings.resilience, clock=clock, sleep=clock.sleep)
+    with run_gateway(settings, resilience=res) as gw:
+        resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "fake-error-midstream", "stream": True, **KW})
+        assert resp.status_code == 200 and "event: error" in resp.text
+        target = httpx.get(f"{gw.url}/v1/gateway/status").json()["aliases"][0]["targets"][0]
+        assert target["state"] == "open" and target["cooldown_remaining_s"] == 30  # on the breaker's own clock
+        assert target["inflight"] == 0
