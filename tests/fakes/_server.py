@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -74,6 +74,45 @@ class BackgroundServer:
         with self._cond:
             self._state.disconnects += 1
             self._cond.notify_all()
+
+    # -- responses ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _client_gone(request: web.Request) -> bool:
+        transport = request.transport
+        return transport is None or transport.is_closing()
+
+    @staticmethod
+    def _abort(request: web.Request) -> None:
+        """Drop the connection without the chunked terminator (a stream cut mid-way)."""
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+
+    async def _send_sse(
+        self, request: web.Request, resp: web.StreamResponse, events: Iterable[dict[str, Any]], scenario: Any
+    ) -> web.StreamResponse:
+        """Write the events as first-party SSE, pausing ``scenario.delta_interval`` before each delta; a client
+        that goes away is counted in ``disconnects``; ``scenario.ending == "cut"`` drops the connection."""
+        from .claude_api import encode_event
+
+        try:
+            await resp.prepare(request)
+            for event in events:
+                if scenario.delta_interval and event["type"] == "content_block_delta":
+                    await asyncio.sleep(scenario.delta_interval)
+                if self._client_gone(request):
+                    raise ConnectionResetError("client went away")
+                await resp.write(encode_event(event))
+        except ConnectionError:
+            self._note_disconnect()
+            return resp
+        except asyncio.CancelledError:
+            self._note_disconnect()
+            raise
+        if scenario.ending == "cut":
+            self._abort(request)
+        return resp
 
     # -- lifecycle ----------------------------------------------------------------------------
 

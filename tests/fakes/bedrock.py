@@ -64,7 +64,7 @@ from adapters._eventstream import HeaderValue, encode_message
 
 from ._server import BackgroundServer
 from .claude_api import STATUS_SCENARIOS as CLAUDE_STATUS_SCENARIOS
-from .claude_api import RecordedRequest, Scenario, accumulate, encode_event, get_scenario
+from .claude_api import RecordedRequest, Scenario, accumulate, get_scenario
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -705,17 +705,6 @@ class FakeBedrock(BackgroundServer):
             headers={"request-id": request_id, "x-amzn-RequestId": request_id},
         )
 
-    @staticmethod
-    def _client_gone(request: web.Request) -> bool:
-        transport = request.transport
-        return transport is None or transport.is_closing()
-
-    @staticmethod
-    def _abort(request: web.Request) -> None:
-        transport = request.transport
-        if transport is not None:
-            transport.abort()
-
     # -- authentication -------------------------------------------------------------------------
 
     def _authenticate(
@@ -1091,23 +1080,7 @@ class FakeBedrock(BackgroundServer):
             status=200,
             headers={**headers, "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"},
         )
-        try:
-            await resp.prepare(request)
-            for event in scenario.events:
-                if scenario.delta_interval and event["type"] == "content_block_delta":
-                    await asyncio.sleep(scenario.delta_interval)
-                if self._client_gone(request):
-                    raise ConnectionResetError("client went away")
-                await resp.write(encode_event(event))
-        except ConnectionError:
-            self._note_disconnect()
-            return resp
-        except asyncio.CancelledError:
-            self._note_disconnect()
-            raise
-        if scenario.ending == "cut":
-            self._abort(request)
-        return resp
+        return await self._send_sse(request, resp, scenario.events, scenario)
 
 
 def _decode_count_tokens_inner(parsed: Any) -> Any:

@@ -685,11 +685,6 @@ class FakeClaudeAPI(BackgroundServer):
             return await self._stream(request, scenario, request_id)
         return await self._non_stream(request, scenario, request_id)
 
-    @staticmethod
-    def _client_gone(request: web.Request) -> bool:
-        transport = request.transport
-        return transport is None or transport.is_closing()
-
     async def _stream(self, request: web.Request, scenario: Scenario, request_id: str) -> web.StreamResponse:
         resp = web.StreamResponse(
             status=200,
@@ -697,26 +692,7 @@ class FakeClaudeAPI(BackgroundServer):
                 request_id, **{"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
             ),
         )
-        try:
-            await resp.prepare(request)
-            for event in scenario.events:
-                if scenario.delta_interval and event["type"] == "content_block_delta":
-                    await asyncio.sleep(scenario.delta_interval)
-                if self._client_gone(request):
-                    raise ConnectionResetError("client went away")
-                await resp.write(encode_event(event))
-        except ConnectionError:
-            self._note_disconnect()
-            return resp
-        except asyncio.CancelledError:
-            self._note_disconnect()
-            raise
-        if scenario.ending == "cut":
-            # drop the connection without the chunked terminator
-            transport = request.transport
-            if transport is not None:
-                transport.abort()
-        return resp
+        return await self._send_sse(request, resp, scenario.events, scenario)
 
     async def _non_stream(self, request: web.Request, scenario: Scenario, request_id: str) -> web.StreamResponse:
         if scenario.ending == "error":

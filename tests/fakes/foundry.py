@@ -87,7 +87,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ._server import BackgroundServer
 from .claude_api import STATUS_SCENARIOS as CLAUDE_STATUS_SCENARIOS
-from .claude_api import RecordedRequest, Scenario, accumulate, encode_event, get_scenario
+from .claude_api import RecordedRequest, Scenario, accumulate, get_scenario
 
 __all__ = [
     "AZURE_STATUS_SCENARIOS",
@@ -503,17 +503,6 @@ class FakeFoundry(BackgroundServer):
         }
         return web.json_response(payload, status=status)
 
-    @staticmethod
-    def _client_gone(request: web.Request) -> bool:
-        transport = request.transport
-        return transport is None or transport.is_closing()
-
-    @staticmethod
-    def _abort(request: web.Request) -> None:
-        transport = request.transport
-        if transport is not None:
-            transport.abort()
-
     # -- dispatch --------------------------------------------------------------------------------
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
@@ -754,23 +743,7 @@ class FakeFoundry(BackgroundServer):
                 request_id, **{"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
             ),
         )
-        try:
-            await resp.prepare(request)
-            for event in scenario.events:
-                if scenario.delta_interval and event["type"] == "content_block_delta":
-                    await asyncio.sleep(scenario.delta_interval)
-                if self._client_gone(request):
-                    raise ConnectionResetError("client went away")
-                await resp.write(encode_event(event))
-        except ConnectionError:
-            self._note_disconnect()
-            return resp
-        except asyncio.CancelledError:
-            self._note_disconnect()
-            raise
-        if scenario.ending == "cut":
-            self._abort(request)
-        return resp
+        return await self._send_sse(request, resp, scenario.events, scenario)
 
     async def _non_stream(self, request: web.Request, scenario: Scenario, request_id: str) -> web.StreamResponse:
         if scenario.ending == "error":

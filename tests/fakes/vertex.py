@@ -534,17 +534,6 @@ class FakeVertex(BackgroundServer):
             headers={"Content-Type": "application/json; charset=utf-8"},
         )
 
-    @staticmethod
-    def _client_gone(request: web.Request) -> bool:
-        transport = request.transport
-        return transport is None or transport.is_closing()
-
-    @staticmethod
-    def _abort(request: web.Request) -> None:
-        transport = request.transport
-        if transport is not None:
-            transport.abort()
-
     # -- token endpoint -------------------------------------------------------------------------
 
     async def _token(self, request: web.Request, body: bytes) -> web.Response:
@@ -766,23 +755,7 @@ class FakeVertex(BackgroundServer):
                 "cache-control": "no-cache",
             },
         )
-        try:
-            await resp.prepare(request)
-            for event in stream_events(model):
-                if scenario.delta_interval and event["type"] == "content_block_delta":
-                    await asyncio.sleep(scenario.delta_interval)
-                if self._client_gone(request):
-                    raise ConnectionResetError("client went away")
-                await resp.write(encode_event(event))
-        except ConnectionError:
-            self._note_disconnect()
-            return resp
-        except asyncio.CancelledError:
-            self._note_disconnect()
-            raise
-        if scenario.ending == "cut":
-            self._abort(request)
-        return resp
+        return await self._send_sse(request, resp, stream_events(model), scenario)
 
     async def _non_stream(self, request: web.Request, model: str, request_id: str) -> web.StreamResponse:
         scenario = _scenario(model)
