@@ -19,6 +19,7 @@ from gateway.api import HANDLERS, exception_handlers
 from gateway.edge import build_keys
 from gateway.messages import DRAIN_CANCEL, messages_endpoint, method_not_allowed
 from gateway.metrics import Metrics
+from gateway.pages import PAGE_HANDLERS
 from gateway.pipeline import Resilience
 from gateway.routing import RouteTable
 from gateway.settings import ConfigError, Settings, load_settings
@@ -202,7 +203,7 @@ def create_app(
 
     return GatewayApp(
         Litestar(
-            route_handlers=[*HANDLERS, *STATUS_HANDLERS],
+            route_handlers=[*HANDLERS, *STATUS_HANDLERS, *PAGE_HANDLERS],
             lifespan=[lifespan],
             exception_handlers=exception_handlers,
             request_max_body_size=None,

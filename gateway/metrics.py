@@ -146,6 +146,18 @@ class Metrics:
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
+    def totals(self, counter: Counter, key: str) -> dict[tuple[str, str, str], dict[str, float]]:
+        """A counter's current values as ``{(alias, provider, model): {<label key>: value}}``: what the status
+        page shows, read from the same samples ``/metrics`` renders."""
+        out: dict[tuple[str, str, str], dict[str, float]] = {}
+        for family in counter.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    labels = sample.labels
+                    row = out.setdefault((labels["alias"], labels["provider"], labels["model"]), {})
+                    row[labels[key]] = row.get(labels[key], 0.0) + sample.value
+        return out
+
 
 class _Children:
     """The labelled children one kind of request writes to, looked up once (``labels()`` is not free)."""

@@ -65,6 +65,7 @@ class ServerSettings(_Strict, frozen=True, kw_only=True):
     drain_timeout_s: NonNegativeFloat = 30.0  # on SIGTERM: how long in-flight streams may finish
     forward_headers: list[str] | None = None  # client headers allowed upstream; None: anthropic-beta
     tracing: bool = False  # OpenTelemetry spans, one per request (the `otel` extra)
+    ui: bool = True  # the browser pages: GET /playground and GET /status (static; they call the API with a key)
 
 
 class RetrySettings(_Strict, frozen=True, kw_only=True):

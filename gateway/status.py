@@ -22,22 +22,46 @@ __all__ = ["STATUS_HANDLERS", "BreakerCollector", "status_document"]
 _encode = msgspec.json.Encoder().encode
 
 
+_TOKEN_TYPES = ("input", "output", "cache_read", "cache_creation")
+_Totals = dict[tuple[str, str, str], dict[str, float]]
+
+
 def status_document(gw: Gateway, now: float | None = None) -> dict[str, Any]:
+    """Routes and health from the live route table; token totals and request outcomes from the metrics
+    registry (the samples ``/metrics`` renders), per target and per alias."""
     now = gw.resilience.clock() if now is None else now  # the clock the breakers run on
-    return {"aliases": [_route(route, now) for route in gw.routes.all_routes()]}
+    tokens = gw.metrics.totals(gw.metrics.tokens, "type")
+    outcomes = gw.metrics.totals(gw.metrics.requests, "outcome")
+    return {"aliases": [_route(route, now, tokens, outcomes) for route in gw.routes.all_routes()]}
 
 
-def _route(route: Route, now: float) -> dict[str, Any]:
+def _sum(totals: _Totals, alias: str, provider: str | None, model: str | None, keys: tuple[str, ...] = ()) -> Any:
+    """The rows of ``totals`` for an alias (and a target: its provider, and its model unless it passes the
+    client's through), added up by label."""
+    out: dict[str, int] = dict.fromkeys(keys, 0)
+    for (a, p, m), row in totals.items():
+        if a == alias and (provider is None or p == provider) and (model is None or m == model):
+            for key, value in row.items():
+                out[key] = out.get(key, 0) + int(value)
+    return out
+
+
+def _route(route: Route, now: float, tokens: _Totals, outcomes: _Totals) -> dict[str, Any]:
     weights = route.balancer.weights
+    alias = route.alias
     return {
-        "alias": route.alias,
+        "alias": alias,
         "strategy": route.strategy,
+        "tokens": _sum(tokens, alias, None, None, _TOKEN_TYPES),
+        "requests": _sum(outcomes, alias, None, None),
         "targets": [
             {
                 "provider": target.provider,
                 "model": target.model,
                 **({"weight": weights[i]} if weights is not None else {}),
                 **target.health.snapshot(now),
+                "tokens": _sum(tokens, alias, target.provider, target.model, _TOKEN_TYPES),
+                "requests": _sum(outcomes, alias, target.provider, target.model),
             }
             for i, target in enumerate(route.targets)
         ],

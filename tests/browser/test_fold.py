@@ -1,0 +1,245 @@
+"""The playground's fold (``gateway/web/fold.js``) unit-tested in the browser against the recorded Claude API
+streams in ``tests/fixtures/claude``: what it folds equals the ``Message`` the SDK's accumulator builds
+from the same events, whatever the chunking and line endings; broken streams end incomplete."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import RunningGateway
+from tests.fakes.claude_api import final_message
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "claude"
+INCOMPLETE = {"fake-error-midstream", "fake-cut-midstream"}
+COMPLETE = sorted(p.stem for p in FIXTURES.glob("*.sse") if p.stem not in INCOMPLETE)
+
+FOLD = """async ({chunks, titles}) => {
+  const m = await import('/ui/fold.js');
+  const answer = m.newAnswer();
+  const parser = new m.SSEParser();
+  const changes = [];
+  const feed = (events) => { for (const {data} of events) changes.push(m.foldEvent(answer, JSON.parse(data))); };
+  for (const chunk of chunks) feed(parser.push(chunk));
+  feed(parser.finish());
+  m.finish(answer);
+  return {
+    status: answer.status, error: answer.error, usage: answer.usage, stopReason: answer.stopReason,
+    blocks: answer.blocks.map((b) => ({type: b.type, text: b.text, thinking: b.thinking, signature: b.signature,
+      input: b.input, start: b.start, markers: b.markers, done: b.done, segments: m.segments(b)})),
+    citations: answer.citations,
+    locations: answer.citations.map(m.citationLocation),
+    sources: answer.citations.map((c) => m.citationSource(c, titles)),
+    changes,
+  };
+}"""
+
+
+@pytest.fixture
+def fold_page(page: Any, ui_gateway: RunningGateway) -> Any:
+    page.goto(f"{ui_gateway.url}/healthz")  # any same-origin page: the module is imported from /ui/
+    return page
+
+
+def fold(page: Any, text: str, chunks: list[int] | None = None, titles: list[str] | None = None) -> dict[str, Any]:
+    pieces: list[str] = []
+    if chunks is None:
+        pieces = [text]
+    else:
+        at = 0
+        for size in chunks:
+            pieces.append(text[at : at + size])
+            at += size
+        pieces.append(text[at:])
+    result: dict[str, Any] = page.evaluate(FOLD, {"chunks": pieces, "titles": titles or []})
+    return result
+
+
+def random_chunks(text: str, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    sizes, total = [], 0
+    while total < len(text):
+        size = rng.choice([1, 1, 2, 3, 7, 16, 64, 300])
+        sizes.append(size)
+        total += size
+    return sizes
+
+
+def strip(citation: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in citation.items() if k not in ("blockIndex", "offset")}
+
+
+@pytest.mark.parametrize("scenario", COMPLETE)
+def test_fold_equals_the_sdk_final_message(scenario: str, fold_page: Any) -> None:
+    text = (FIXTURES / f"{scenario}.sse").read_text("utf-8")
+    got = fold(fold_page, text)
+    want = final_message(scenario)
+    assert got["status"] == "complete", got["error"]
+    assert got["stopReason"] == want["stop_reason"]
+    for field in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+        assert got["usage"][field] == want["usage"][field], field
+    assert len(got["blocks"]) == len(want["content"])
+    for index, (block, content) in enumerate(zip(got["blocks"], want["content"], strict=True)):
+        assert block["type"] == content["type"]
+        assert block["done"] is True
+        if content["type"] == "text":
+            assert block["text"] == content["text"]
+            mine = [strip(c) for c in got["citations"] if c["blockIndex"] == index]
+            assert mine == content.get("citations", [])
+            # each marker at the end of the text that had arrived when its citations_delta came
+            assert [m["n"] for m in block["markers"]] == [
+                i + 1 for i, c in enumerate(got["citations"]) if c["blockIndex"] == index
+            ]
+            assert "".join(s.get("text", "") for s in block["segments"]) == content["text"]
+        elif content["type"] == "thinking":
+            assert (block["thinking"], block["signature"]) == (content["thinking"], content["signature"])
+        elif content["type"] in ("tool_use", "server_tool_use"):
+            assert block["input"] == content["input"]
+        else:
+            assert {k: v for k, v in block["start"].items()} == content
+    numbers = [m["n"] for b in got["blocks"] for m in b["markers"]]
+    assert sorted(numbers) == list(range(1, len(got["citations"]) + 1))
+
+
+@pytest.mark.parametrize("scenario", COMPLETE)
+def test_fold_is_the_same_for_any_chunking_and_line_ending(scenario: str, fold_page: Any) -> None:
+    text = (FIXTURES / f"{scenario}.sse").read_text("utf-8")
+    whole = fold(fold_page, text)
+    for seed in range(3):
+        assert fold(fold_page, text, random_chunks(text, seed)) == whole
+    crlf = text.replace("\n", "\r\n")
+    chunked = fold(fold_page, crlf, random_chunks(crlf, 7))  # \r and \n of one line end land in different chunks
+    assert chunked == whole
+    assert fold(fold_page, text.replace("\n", "\r")) == whole
+
+
+def expected_offsets(text: str) -> list[tuple[int, int]]:
+    """(block index, length of that block's text so far) at each citations_delta, walking the events."""
+    lengths: dict[int, int] = {}
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("data: "):
+            continue
+        event = json.loads(line[6:])
+        if event["type"] == "content_block_start":
+            lengths[event["index"]] = len(event["content_block"].get("text", ""))
+        elif event["type"] == "content_block_delta" and event["delta"]["type"] == "text_delta":
+            lengths[event["index"]] += len(event["delta"]["text"])
+        elif event["type"] == "content_block_delta" and event["delta"]["type"] == "citations_delta":
+            out.append((event["index"], lengths[event["index"]]))
+    return out
+
+
+def test_citation_markers_sit_where_the_citation_arrived(fold_page: Any) -> None:
+    text = (FIXTURES / "fake-citations.sse").read_text("utf-8")
+    got = fold(fold_page, text, titles=["Weather report"])
+    want = expected_offsets(text)
+    assert [(c["blockIndex"], c["offset"]) for c in got["citations"]] == want
+    assert [(i, m["offset"]) for i, b in enumerate(got["blocks"]) for m in b["markers"]] == want
+    for block in got["blocks"]:
+        # segments: the text cut at each marker, the marker after the text that preceded it
+        at = 0
+        for seg in block["segments"]:
+            if "marker" in seg:
+                assert got["citations"][seg["marker"] - 1]["offset"] == at
+            else:
+                at += len(seg["text"])
+    char = next(i for i, c in enumerate(got["citations"]) if c["type"] == "char_location")
+    c = got["citations"][char]
+    assert got["locations"][char] == f"characters {c['start_char_index']}\u2013{c['end_char_index']}"
+    if c["document_index"] == 0:
+        assert got["sources"][char]["title"] == "Weather report"  # the title the user typed wins
+    web = next(i for i, c in enumerate(got["citations"]) if c["type"] == "web_search_result_location")
+    assert got["locations"][web] == got["citations"][web]["url"]
+
+
+def test_error_event_leaves_the_answer_incomplete(fold_page: Any) -> None:
+    got = fold(fold_page, (FIXTURES / "fake-error-midstream.sse").read_text("utf-8"))
+    assert got["status"] == "incomplete"
+    assert got["error"] == {"type": "overloaded_error", "message": "Overloaded"}
+    assert got["blocks"][0]["text"] == "This answer will not be finished"
+    assert got["blocks"][0]["done"] is False
+
+
+def test_a_stream_cut_before_message_stop_is_incomplete(fold_page: Any) -> None:
+    got = fold(fold_page, (FIXTURES / "fake-cut-midstream.sse").read_text("utf-8"))
+    assert got["status"] == "incomplete"
+    assert got["error"]["type"] == "stream_ended"
+
+
+def sse(*events: dict[str, Any]) -> str:
+    return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events)
+
+
+START = {"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 5, "output_tokens": 1}}}
+TEXT0 = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+
+
+@pytest.mark.parametrize(
+    ("events", "error"),
+    [
+        ([TEXT0], "content_block_start before message_start"),
+        (
+            [START, {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}}],
+            "not open",
+        ),
+        ([START, TEXT0, TEXT0], "twice"),
+        ([START, TEXT0, {"type": "message_stop"}], "still open"),
+        ([START, START], "a second message_start"),
+        (
+            [START, TEXT0, {"type": "content_block_stop", "index": 0}, {"type": "content_block_stop", "index": 0}],
+            "not open",
+        ),
+    ],
+)
+def test_out_of_order_events_make_the_answer_incomplete(
+    events: list[dict[str, Any]], error: str, fold_page: Any
+) -> None:
+    got = fold(fold_page, sse(*events))
+    assert got["status"] == "incomplete"
+    assert got["error"]["type"] == "invalid_stream"
+    assert error in got["error"]["message"]
+
+
+def test_usage_overwrites_and_pings_and_unknown_events_change_nothing(fold_page: Any) -> None:
+    events = [
+        START,
+        {"type": "ping"},
+        TEXT0,
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+        {"type": "brand_new_event", "x": 1},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "future_delta", "y": 2}},
+        {"type": "message_delta", "delta": {"stop_reason": None}, "usage": {"output_tokens": 3}},
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn"},
+            "usage": {"output_tokens": 7, "input_tokens": 6},
+        },
+        {"type": "message_stop"},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": "late"}},
+    ]
+    got = fold(fold_page, sse(*events))
+    assert got["status"] == "complete"
+    assert got["usage"]["output_tokens"] == 7  # the last cumulative count, not 1 + 3 + 7
+    assert got["usage"]["input_tokens"] == 6
+    assert got["stopReason"] == "end_turn"
+    assert [b["text"] for b in got["blocks"]] == ["Hi"]
+    assert {} in got["changes"]  # ping and the unknown event: nothing changed
+
+
+def test_sse_parser_multiline_data_comments_and_a_last_frame_without_its_blank_line(fold_page: Any) -> None:
+    result = fold_page.evaluate(
+        """async () => {
+          const m = await import('/ui/fold.js');
+          const p = new m.SSEParser();
+          const text = ': comment\\nevent: a\\ndata: {\\"x\\":\\ndata:1}\\n\\nevent:b\\ndata:2\\r\\n\\r\\ndata: 3';
+          const out = [...p.push(text), ...p.finish()];
+          return out;
+        }"""
+    )
+    assert result == [{"event": "a", "data": '{"x":\n1}'}, {"event": "b", "data": "2"}]

@@ -1,0 +1,253 @@
+"""The playground in real headless Chromium against a real gateway: documents attached, an answer streamed
+from the paced mock provider with citation markers arriving while the text still streams, hover previews,
+the source panel, usage equal to the stream's, and the incomplete state of a stream that fails."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.browser.conftest import ARTIFACTS
+from tests.conftest import RunningGateway
+from tests.unit.test_mock_answer import make_pdf
+
+SOLAR = "Solar panels convert sunlight into electricity. They work best facing south. Output falls on cloudy days."
+WIND = "Wind turbines need steady wind.\n\nOffshore farms produce more energy.\n\nTurbines are serviced every year."
+REPORT_PAGES = ["The annual report covers the years 2019 to 2023.", "Revenue grew every single year."]
+
+OBSERVE = """() => {
+  window.__marks = [];
+  const state = document.getElementById('state');
+  const blocks = document.getElementById('blocks');
+  new MutationObserver((records) => {
+    for (const r of records) for (const node of r.addedNodes) {
+      if (node.nodeType === 1 && node.classList.contains('cite')) {
+        window.__marks.push({n: Number(node.dataset.n), state: state.dataset.state,
+                             textLength: blocks.textContent.replace(/\\[\\d+\\]/g, '').length, at: performance.now()});
+      }
+    }
+  }).observe(blocks, {childList: true, subtree: true});
+}"""
+
+MARKERS = """() => [...document.querySelectorAll('#blocks .cite')].map((b) => {
+  const siblings = [...b.parentNode.childNodes];
+  const before = siblings.slice(0, siblings.indexOf(b)).filter((n) => n.nodeType === 3).map((n) => n.data).join('');
+  return {n: Number(b.dataset.n), before, label: b.getAttribute('aria-label')};
+})"""
+
+
+def open_playground(page: Any, gw: RunningGateway, key: str = "ui-key") -> None:
+    page.goto(f"{gw.url}/playground")
+    page.fill("#key", key)
+    page.dispatch_event("#key", "change")
+    page.wait_for_selector("#model option[value='claude-paced']", state="attached")
+
+
+def attach_documents(page: Any, tmp_path: Any) -> None:
+    page.click("#documents li button[name=remove]")  # the sample document
+    page.click("#add-document")
+    doc = page.locator("#documents li").nth(0)
+    doc.locator("[name=title]").fill("Solar notes")
+    doc.locator("[name=text]").fill(SOLAR)
+    page.click("#add-document")
+    doc = page.locator("#documents li").nth(1)
+    doc.locator("[name=title]").fill("Wind FAQ")
+    doc.locator("[name=kind]").select_option("content")
+    doc.locator("[name=text]").fill(WIND)
+    pdf = tmp_path / "Annual report.pdf"
+    pdf.write_bytes(make_pdf(REPORT_PAGES))
+    page.set_input_files("#upload", str(pdf))
+    page.wait_for_selector("#documents li:nth-child(3)")
+    assert page.locator("#documents li").nth(2).locator("[name=title]").input_value() == "Annual report"
+
+
+def replay(gw: RunningGateway, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The same request again, outside the browser (the mock is deterministic): the events the page saw."""
+    with httpx.stream("POST", f"{gw.url}/v1/messages", json=body, headers={"x-api-key": "ui-key"}) as resp:
+        assert resp.status_code == 200
+        text = resp.read().decode()
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_answer_streams_with_markers_in_order_hover_sources_and_usage(
+    page: Any, ui_gateway: RunningGateway, tmp_path: Any
+) -> None:
+    open_playground(page, ui_gateway)
+    page.select_option("#model", "claude-paced")
+    attach_documents(page, tmp_path)
+    page.fill("#question", "What do the sources say about energy?")
+    page.evaluate(OBSERVE)
+    with page.expect_request("**/v1/messages") as sent:
+        page.click("#send")
+    body = json.loads(sent.value.post_data)
+    assert body["stream"] is True and body["model"] == "claude-paced"
+    assert sent.value.headers["x-api-key"] == "ui-key"
+    docs = [b for b in body["messages"][0]["content"] if b["type"] == "document"]
+    assert [d["title"] for d in docs] == ["Solar notes", "Wind FAQ", "Annual report"]
+    assert [d["source"]["type"] for d in docs] == ["text", "content", "base64"]
+    assert all(d["citations"] == {"enabled": True} for d in docs)
+
+    page.wait_for_selector("#state[data-state='complete']", timeout=30_000)
+    events = replay(ui_gateway, body)
+    citations = [
+        e["delta"]["citation"]
+        for e in events
+        if e["type"] == "content_block_delta" and e["delta"]["type"] == "citations_delta"
+    ]
+    assert len(citations) >= 3
+
+    # markers arrived one by one, in order, while the answer was still streaming
+    marks = page.evaluate("window.__marks")
+    assert [m["n"] for m in marks] == list(range(1, len(citations) + 1))
+    final_length = len(page.evaluate("document.getElementById('blocks').textContent.replace(/\\[\\d+\\]/g, '')"))
+    assert marks[0]["state"] == "streaming"
+    assert marks[0]["textLength"] < final_length
+    assert any(m["state"] == "streaming" and m["textLength"] < final_length for m in marks[1:])
+    assert len({m["at"] for m in marks}) == len(marks)  # not all at once at the end
+
+    # each marker sits right after the sentence it supports
+    markers = page.evaluate(MARKERS)
+    for marker, citation in zip(markers, citations, strict=True):
+        assert " ".join(citation["cited_text"].split()) in " ".join(marker["before"].split())
+
+    # hovering a marker previews its cited text and location; the source panel highlights its document
+    for n, where in ((1, "characters "), (3, "block "), (len(citations), "page ")):
+        page.hover(f"#blocks .cite[data-n='{n}']")
+        tip = page.locator("#tip")
+        tip.wait_for(state="visible")
+        assert " ".join(citations[n - 1]["cited_text"].split()) in " ".join(tip.inner_text().split())
+        assert where in tip.inner_text()
+        assert page.locator("#sources li.active").count() == 1
+    page.mouse.move(0, 0)
+    page.locator("#tip").wait_for(state="hidden")
+
+    # the source panel: the titles supplied, in order of first citation
+    titles = page.locator("#sources .source-title").all_inner_texts()
+    assert titles == ["Solar notes", "Wind FAQ", "Annual report"]
+
+    # usage equal to the stream's: input and cache from message_start, output from the last message_delta
+    start = events[0]["message"]["usage"]
+    delta = [e for e in events if e["type"] == "message_delta"][-1]
+    shown = {
+        f: page.inner_text(f"[data-usage='{f}']")
+        for f in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+    }
+    assert shown == {
+        "input_tokens": str(start["input_tokens"]),
+        "output_tokens": str(delta["usage"]["output_tokens"]),
+        "cache_read_input_tokens": str(start["cache_read_input_tokens"]),
+        "cache_creation_input_tokens": str(start["cache_creation_input_tokens"]),
+    }
+    assert page.inner_text("#stop-reason") == delta["delta"]["stop_reason"]
+    assert page.inner_text("#ttft").endswith(" s") and page.inner_text("#total").endswith(" s")
+    assert float(page.inner_text("#ttft")[:-2]) <= float(page.inner_text("#total")[:-2])
+    text = "".join(
+        e["delta"]["text"] for e in events if e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta"
+    )
+    assert page.evaluate("document.getElementById('blocks').textContent.replace(/\\[\\d+\\]/g, '')") == text
+    assert page.is_hidden("#failure")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.hover("#blocks .cite[data-n='1']")
+    page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
+
+
+def test_keyboard_focus_on_a_marker_shows_its_preview(page: Any, ui_gateway: RunningGateway) -> None:
+    open_playground(page, ui_gateway)
+    page.select_option("#model", "claude-fast")
+    page.click("#send")
+    page.wait_for_selector("#state[data-state='complete']")
+    page.focus("#blocks .cite[data-n='1']")
+    assert page.is_visible("#tip")
+    assert "Gateway notes" in page.inner_text("#tip")  # the sample document's title
+    page.keyboard.press("Escape")
+    assert page.is_hidden("#tip")
+
+
+def test_mid_stream_error_shows_the_answer_incomplete(page: Any, ui_gateway: RunningGateway) -> None:
+    open_playground(page, ui_gateway)
+    page.select_option("#model", "claude-flaky")
+    page.click("#send")
+    page.wait_for_selector("#state[data-state='incomplete']")
+    assert "Incomplete" in page.inner_text("#state")
+    assert "Complete (" not in page.inner_text("#state")
+    assert page.inner_text("#failure") == "overloaded_error: Overloaded"
+    assert page.is_visible("#failure")
+    assert "This answer will not be finished" in page.inner_text("#blocks")
+    assert "incomplete" in (page.get_attribute("#blocks", "class") or "")
+    assert page.get_attribute("#blocks .block", "data-done") == "false"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "playground-error.png"), full_page=True)
+
+
+def test_error_before_the_stream_is_shown_with_its_type(page: Any, ui_gateway: RunningGateway) -> None:
+    open_playground(page, ui_gateway)
+    page.select_option("#model", "claude-fast")
+    page.fill("#key", "wrong-key")
+    page.click("#send")
+    page.wait_for_selector("#state[data-state='incomplete']")
+    assert page.inner_text("#failure").startswith("authentication_error: ")
+
+
+def test_thinking_renders_collapsed_and_tool_input_once_complete(page: Any, ui_gateway: RunningGateway) -> None:
+    open_playground(page, ui_gateway)
+    page.select_option("#model", "claude-fast")
+    page.check("#thinking")
+    page.click("#send")
+    page.wait_for_selector("#state[data-state='complete']")
+    thinking = page.locator("#blocks details.thinking")
+    assert thinking.count() == 1
+    assert thinking.get_attribute("open") is None  # collapsed
+    assert not page.is_visible("#blocks .thinking-text")
+    thinking.locator("summary").click()
+    assert "The user asked about" in page.inner_text("#blocks .thinking-text")
+
+    page.uncheck("#thinking")
+    page.select_option("#model", "claude-tools")
+    page.click("#send")
+    page.wait_for_selector("#state[data-state='complete']")
+    tool = page.locator("#blocks .block.tool").first
+    assert tool.get_attribute("data-done") == "true"
+    shown = json.loads(tool.locator("pre").inner_text())
+    from tests.fakes.claude_api import final_message
+
+    want = next(b for b in final_message("fake-tools")["content"] if b["type"] == "tool_use")["input"]
+    assert shown == want
+
+
+def test_models_come_from_the_api_with_the_key(page: Any, ui_gateway: RunningGateway) -> None:
+    page.goto(f"{ui_gateway.url}/playground")
+    page.wait_for_selector("#models-error:not([hidden])")
+    assert "authentication_error" in page.inner_text("#models-error")
+    open_playground(page, ui_gateway)
+    options = page.locator("#model option").evaluate_all("(os) => os.map((o) => o.value)")
+    listed = httpx.get(f"{ui_gateway.url}/v1/models", headers={"x-api-key": "ui-key"}).json()["data"]
+    assert options == [m["id"] for m in listed]
+
+
+@pytest.mark.parametrize("width", [360, 768])
+def test_usable_on_a_narrow_screen(page: Any, ui_gateway: RunningGateway, width: int) -> None:
+    page.set_viewport_size({"width": width, "height": 800})
+    open_playground(page, ui_gateway)
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    page.select_option("#model", "claude-fast")
+    page.click("#send")
+    page.wait_for_selector("#state[data-state='complete']")
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    for selector in ("#key", "#model", "#question", "#send"):
+        box = page.locator(selector).bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width
+
+
+def test_every_control_has_a_label(page: Any, ui_gateway: RunningGateway) -> None:
+    open_playground(page, ui_gateway)
+    unlabeled = page.evaluate(
+        """() => [...document.querySelectorAll('input, select, textarea, button')]
+             .filter((el) => !el.closest('template') && el.type !== 'hidden')
+             .filter((el) => !(el.labels && el.labels.length) && !el.getAttribute('aria-label'))
+             .filter((el) => !el.textContent.trim())
+             .map((el) => el.id || el.name || el.outerHTML.slice(0, 60))"""
+    )
+    assert unlabeled == []
