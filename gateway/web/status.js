@@ -53,11 +53,13 @@ function aliasSection(alias) {
   for (const title of ["Provider", "Model", "State", "Success rate", "Time to first event", "In flight", "Requests", "Tokens"]) {
     head.append(el("th", title, { scope: "col" }));
   }
-  table.append(el("thead")).append(head);
+  const thead = el("thead");
+  thead.append(head);
+  table.append(thead);
   const body = el("tbody");
   for (const target of alias.targets) {
     const row = el("tr", null, { "data-state": target.state });
-    const provider = target.weight !== undefined ? `${target.provider} (weight ${target.weight})` : target.provider;
+    const provider = alias.strategy === "weighted" && target.weight !== undefined ? `${target.provider} (weight ${target.weight})` : target.provider;
     row.append(
       el("th", provider, { scope: "row" }),
       el("td", target.model || "(client's model)"),

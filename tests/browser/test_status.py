@@ -1,0 +1,86 @@
+"""The status page in headless Chromium: every alias with its strategy and targets, per-target health,
+and token totals equal to the gateway's metrics, redrawn live as requests are served."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from playwright.sync_api import expect
+
+from tests.browser.conftest import ARTIFACTS
+from tests.conftest import RunningGateway
+
+ASK = {"max_tokens": 64, "messages": [{"role": "user", "content": "hello"}]}
+
+
+def tokens(gw: RunningGateway, alias: str, kind: str) -> int:
+    total = 0.0
+    for family in gw.metrics.tokens.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and sample.labels["alias"] == alias and sample.labels["type"] == kind:
+                total += sample.value
+    return int(total)
+
+
+def test_status_page_lists_routes_and_follows_the_metrics_live(page: Any, ui_gateway: RunningGateway) -> None:
+    key = {"x-api-key": "ui-key"}
+    assert (
+        httpx.post(f"{ui_gateway.url}/v1/messages", json={"model": "claude-fast", **ASK}, headers=key).status_code
+        == 200
+    )
+    page.goto(f"{ui_gateway.url}/status")
+    page.wait_for_selector("#status-error:not([hidden])")  # no key yet: the API said so
+    assert "authentication_error" in page.inner_text("#status-error")
+    page.fill("#key", "ui-key")
+    page.dispatch_event("#key", "change")
+    page.wait_for_selector("section.alias[data-alias='claude-fast']")
+    assert page.is_hidden("#status-error")
+
+    listed = httpx.get(f"{ui_gateway.url}/v1/gateway/status", headers=key).json()["aliases"]
+    shown = page.locator("section.alias").evaluate_all("(s) => s.map((e) => e.dataset.alias)")
+    assert shown == [a["alias"] for a in listed]
+    fast = page.locator("section.alias[data-alias='claude-fast']")
+    assert "Strategy: fallback" in fast.inner_text()
+    row = fast.locator("tbody tr").first
+    assert row.locator("th").inner_text() == "fast"
+    assert row.get_attribute("data-state") == "closed"
+    cells = row.locator("td").all_inner_texts()
+    assert cells[1] == "healthy" and cells[2] == "100.0 %" and cells[3].endswith(" ms") and cells[4] == "0"
+    assert "completed 1" in cells[5]
+
+    def shown_output() -> int:
+        return int(page.inner_text("#totals [data-total='output']"))
+
+    assert shown_output() == tokens(ui_gateway, "claude-fast", "output") > 0
+    assert f"Output {tokens(ui_gateway, 'claude-fast', 'output')}" in cells[6]
+    assert f"Input {tokens(ui_gateway, 'claude-fast', 'input')}" in cells[6]
+
+    before = shown_output()
+    assert (
+        httpx.post(f"{ui_gateway.url}/v1/messages", json={"model": "claude-fast", **ASK}, headers=key).status_code
+        == 200
+    )
+    expected = sum(tokens(ui_gateway, a["alias"], "output") for a in listed)
+    assert expected > before
+    expect(page.locator("#totals [data-total='output']")).to_have_text(str(expected), timeout=10_000)  # polled
+    assert "completed 2" in fast.locator("tbody tr td").nth(5).inner_text()  # redrawn without a reload
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "status.png"), full_page=True)
+
+
+def test_status_page_shows_a_cooling_target(page: Any, ui_gateway: RunningGateway) -> None:
+    # claude-flaky's target answers with a mid-stream error: a failure on its breaker's record
+    key = {"x-api-key": "ui-key"}
+    body = {"model": "claude-flaky", "stream": True, **ASK}
+    assert httpx.post(f"{ui_gateway.url}/v1/messages", json=body, headers=key).status_code == 200
+    page.goto(f"{ui_gateway.url}/status")
+    page.fill("#key", "ui-key")
+    page.dispatch_event("#key", "change")
+    row = page.locator("section.alias[data-alias='claude-flaky'] tbody tr").first
+    row.wait_for()
+    status = httpx.get(f"{ui_gateway.url}/v1/gateway/status", headers=key).json()
+    target = next(a for a in status["aliases"] if a["alias"] == "claude-flaky")["targets"][0]
+    assert target["failures"] >= 1
+    cells = row.locator("td").all_inner_texts()
+    assert cells[2] == f"{target['success_rate'] * 100:.1f} %"
