@@ -251,3 +251,66 @@ def test_every_control_has_a_label(page: Any, ui_gateway: RunningGateway) -> Non
              .map((el) => el.id || el.name || el.outerHTML.slice(0, 60))"""
     )
     assert unlabeled == []
+
+
+CONTRAST = """() => {
+  const rgb = (s) => (s.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => {
+    const f = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const background = (el) => {
+    for (let e = el; e; e = e.parentElement) {
+      const c = rgb(getComputedStyle(e).backgroundColor);
+      if (c.length === 3 || (c.length === 4 && c[3] > 0)) return c.slice(0, 3);
+    }
+    return [255, 255, 255];
+  };
+  const low = [];
+  for (const el of document.querySelectorAll('body *')) {
+    const own = [...el.childNodes].some((n) => n.nodeType === 3 && n.data.trim());
+    if (!own || !el.checkVisibility() || el.closest(':disabled')) continue;
+    const fg = lum(rgb(getComputedStyle(el).color)), bg = lum(background(el));
+    const ratio = (Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05);
+    if (ratio < 4.5) low.push(`${el.tagName}.${el.className}: ${ratio.toFixed(2)}`);
+  }
+  return low;
+}"""
+
+
+@pytest.mark.parametrize("model", ["claude-fast", "claude-flaky"])
+def test_text_contrast_is_at_least_4_5_to_1(page: Any, ui_gateway: RunningGateway, model: str) -> None:
+    open_playground(page, ui_gateway)
+    page.select_option("#model", model)
+    page.click("#send")
+    page.wait_for_selector("#state[data-state='complete'], #state[data-state='incomplete']")
+    if model == "claude-fast":
+        page.hover("#blocks .cite[data-n='1']")  # the preview's colours too
+    assert page.evaluate(CONTRAST) == []
+    page.goto(f"{ui_gateway.url}/status")
+    page.fill("#key", "ui-key")
+    page.dispatch_event("#key", "change")
+    page.wait_for_selector("section.alias")
+    assert page.evaluate(CONTRAST) == []
+
+
+def test_the_whole_flow_works_from_the_keyboard(page: Any, ui_gateway: RunningGateway) -> None:
+    page.goto(f"{ui_gateway.url}/playground")
+    page.keyboard.press("Tab")  # the skip link first
+    assert page.evaluate("document.activeElement.className") == "skip"
+    page.keyboard.press("Tab")
+    page.keyboard.press("Tab")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.id") == "key"
+    page.keyboard.type("ui-key")
+    page.keyboard.press("Tab")  # change event: the models load
+    page.wait_for_selector("#model option[value='claude-fast']", state="attached")
+    assert page.evaluate("document.activeElement.id") == "model"
+    page.select_option("#model", "claude-fast")
+    page.focus("#question")
+    page.keyboard.press("Control+End")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.id") == "send"
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#state[data-state='complete']")
+    assert page.locator("#blocks .cite").count() >= 1
