@@ -396,6 +396,8 @@ async function ask(event) {
   setState("waiting", "Waiting for the first event…");
   els.send.disabled = true;
   els.stop.disabled = false;
+  // A newer question replaces this one on screen: from then on this answer renders nothing.
+  const show = (change) => current && current.answer === answer && apply(change, answer);
   try {
     const response = await fetch("/v1/messages", {
       method: "POST",
@@ -405,7 +407,7 @@ async function ask(event) {
     });
     if (!response.ok) {
       const error = await errorText(response);
-      apply(foldEvent(answer, { type: "error", error }, performance.now()), answer);
+      show(foldEvent(answer, { type: "error", error }, performance.now()));
       return;
     }
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
@@ -420,18 +422,20 @@ async function ask(event) {
         } catch (e) {
           parsed = { type: "error", error: { type: "invalid_stream", message: "an event that is not JSON" } };
         }
-        apply(foldEvent(answer, parsed, performance.now()), answer);
+        show(foldEvent(answer, parsed, performance.now()));
       }
       if (done) break;
     }
-    apply(finish(answer, performance.now()), answer);
+    show(finish(answer, performance.now()));
   } catch (e) {
     const reason = e.name === "AbortError" ? "stopped by you" : `the connection failed: ${e.message}`;
-    apply(finish(answer, performance.now(), reason), answer);
+    show(finish(answer, performance.now(), reason));
   } finally {
-    if (current && current.answer === answer) current.controller = null;
-    els.send.disabled = false;
-    els.stop.disabled = true;
+    if (current && current.answer === answer) {
+      current.controller = null;
+      els.send.disabled = false;
+      els.stop.disabled = true;
+    }
   }
 }
 

@@ -314,3 +314,17 @@ def test_the_whole_flow_works_from_the_keyboard(page: Any, ui_gateway: RunningGa
     page.keyboard.press("Enter")
     page.wait_for_selector("#state[data-state='complete']")
     assert page.locator("#blocks .cite").count() >= 1
+
+
+def test_stop_leaves_the_partial_answer_marked_incomplete(page: Any, ui_gateway: RunningGateway) -> None:
+    open_playground(page, ui_gateway)
+    page.select_option("#model", "claude-paced")
+    page.click("#send")
+    page.wait_for_selector("#state[data-state='streaming']")
+    page.wait_for_function("() => document.getElementById('blocks').textContent.length > 0")
+    page.click("#stop")
+    page.wait_for_selector("#state[data-state='incomplete']")
+    assert page.inner_text("#failure") == "stream_ended: stopped by you"
+    assert page.is_enabled("#send") and page.is_disabled("#stop")
+    page.wait_for_timeout(300)  # nothing more arrives after the stop
+    assert page.get_attribute("#state", "data-state") == "incomplete"
