@@ -36,7 +36,9 @@ def _chromium() -> str | None:
     return os.environ.get("MESSAGES_GATEWAY_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an event loop running in this thread while it is
+# open, and the tests after these call asyncio.run().
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     required = os.environ.get("MESSAGES_GATEWAY_REQUIRE_BROWSER") == "1"
     executable = _chromium()
