@@ -127,15 +127,14 @@ class BedrockEventStream:
         try:
             async for received in self._resp.chunks():
                 failure: bytes | None = None
-                try:
-                    frames = decoder.feed_raw(received)
+                try:  # the chunks' payloads directly, as long as their header block is the known one
+                    payloads, frames = decoder.feed_payloads(received, chunk_headers)
                 except EventStreamError as exc:  # what arrived intact before the damage still goes out
-                    frames = exc.decoded
+                    payloads, frames = [], exc.decoded
                     failure = _error_data("api_error", f"provider {self._name!r}: damaged event stream: {exc}")
-                if not frames and failure is None:
+                if not payloads and not frames and failure is None:
                     continue
-                payloads: list[bytes] = []
-                for raw_headers, payload in frames:
+                for raw_headers, payload in frames:  # the first chunk, other event types, an exception
                     if raw_headers == chunk_headers:
                         payloads.append(payload)
                         continue

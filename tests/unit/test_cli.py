@@ -6,9 +6,14 @@ from gateway.cli import main, serving_warnings
 
 
 def test_one_worker_is_the_metrics_mode() -> None:
-    assert serving_warnings(1) == []
-    (note,) = serving_warnings(4)
+    assert serving_warnings(1, decoder="c") == []
+    (note,) = serving_warnings(4, decoder="c")
     assert "per process" in note and "workers: 1" in note
+
+
+def test_a_missing_compiled_decoder_is_announced() -> None:
+    (note,) = serving_warnings(1, decoder="python")
+    assert "_eventstream_c was not built" in note
 
 
 def test_check_config(tmp_path: object, capsys: object) -> None:

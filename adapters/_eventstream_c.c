@@ -1,0 +1,384 @@
+/* The frame loop of adapters/_eventstream.py in C: ``scan`` walks the AWS event-stream messages of one
+ * buffer, checks both CRC-32s and the limits, and returns what ``_scan_py`` (its pure-Python twin, the
+ * fallback when this module is not built) returns, byte for byte and message for message.
+ *
+ * Optional: setup.py builds it when a C compiler is there. Nothing but the CPython C API and its own
+ * CRC-32 (below; no library to link). See docs/benchmarks.md for what it saves.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_HEADERS_LENGTH (128 * 1024)
+#define MAX_PAYLOAD_LENGTH (24 * 1024 * 1024)
+#define MIN_LENGTH 16 /* prelude (12) + message CRC (4) */
+
+/* CRC-32 (zlib's: reflected polynomial 0xEDB88320). By table, slicing by 8 bytes; and, on x86-64 CPUs
+ * with PCLMULQDQ (checked at import), by carry-less multiplication for all but the last <16 bytes of
+ * inputs of 64 bytes or more (4 x 128-bit folding and Barrett reduction, as in Intel's white paper "Fast
+ * CRC Computation for Generic Polynomials Using PCLMULQDQ", the constants of Linux's crc32-pclmul and
+ * Chromium's zlib): no 8 KiB of tables to keep in cache, the reason the Python side uses python-isal.
+ * -DEVENTSTREAM_ZLIB: zlib's crc32() instead (link -lz), for comparison. */
+static uint32_t crc_table[8][256];
+
+static void crc_table_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+}
+
+static uint32_t crc32_by_table(uint32_t crc, const unsigned char *p, size_t n)
+{
+    crc = ~crc;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    while (n >= 8) {
+        uint32_t lo, hi;
+        memcpy(&lo, p, 4);
+        memcpy(&hi, p + 4, 4);
+        lo ^= crc;
+        crc = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^ crc_table[5][(lo >> 16) & 0xFF] ^
+              crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
+              crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+#endif
+    while (n--)
+        crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(EVENTSTREAM_ZLIB)
+#define HAVE_CLMUL 1
+#include <immintrin.h>
+
+static int use_clmul;
+
+/* The CRC state (not inverted) after ``len`` bytes, ``len`` >= 64 and a multiple of 16. */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul(uint32_t state, const unsigned char *buf,
+                                                                      size_t len)
+{
+    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596, 0x0154442bd4);
+    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
+    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124);
+    const __m128i poly = _mm_set_epi64x(0x01f7011641, 0x01db710641);
+    const __m128i mask32 = _mm_setr_epi32(~0, 0, ~0, 0);
+    __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8;
+
+    x1 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
+    x2 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
+    x3 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
+    x4 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
+    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)state));
+    x0 = k1k2;
+    buf += 64;
+    len -= 64;
+    while (len >= 64) { /* fold four 128-bit lanes in parallel */
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x6 = _mm_clmulepi64_si128(x2, x0, 0x00);
+        x7 = _mm_clmulepi64_si128(x3, x0, 0x00);
+        x8 = _mm_clmulepi64_si128(x4, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x2 = _mm_clmulepi64_si128(x2, x0, 0x11);
+        x3 = _mm_clmulepi64_si128(x3, x0, 0x11);
+        x4 = _mm_clmulepi64_si128(x4, x0, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), _mm_loadu_si128((const __m128i *)(buf + 0x00)));
+        x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), _mm_loadu_si128((const __m128i *)(buf + 0x10)));
+        x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), _mm_loadu_si128((const __m128i *)(buf + 0x20)));
+        x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), _mm_loadu_si128((const __m128i *)(buf + 0x30)));
+        buf += 64;
+        len -= 64;
+    }
+    x0 = k3k4; /* the four lanes into one */
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x3), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
+    while (len >= 16) { /* the remaining 16-byte blocks */
+        x2 = _mm_loadu_si128((const __m128i *)buf);
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+        buf += 16;
+        len -= 16;
+    }
+    /* 128 bits to 64 */
+    x2 = _mm_clmulepi64_si128(x1, x0, 0x10);
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), x2);
+    x0 = k5k0;
+    x2 = _mm_srli_si128(x1, 4);
+    x1 = _mm_and_si128(x1, mask32);
+    x1 = _mm_xor_si128(_mm_clmulepi64_si128(x1, x0, 0x00), x2);
+    /* Barrett reduction to 32 bits */
+    x0 = poly;
+    x2 = _mm_and_si128(x1, mask32);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
+    x2 = _mm_and_si128(x2, mask32);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+#endif
+
+#ifdef EVENTSTREAM_ZLIB
+#include <zlib.h>
+#define CRC_NAME "zlib"
+static void crc_init(void) { crc_table_init(); }
+static inline uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n)
+{
+    while (n > 0x40000000u) { /* zlib takes an unsigned int length */
+        crc = (uint32_t)crc32(crc, p, 0x40000000u);
+        p += 0x40000000u;
+        n -= 0x40000000u;
+    }
+    return (uint32_t)crc32(crc, p, (uInt)n);
+}
+#else
+static const char *crc_name(void)
+{
+#ifdef HAVE_CLMUL
+    if (use_clmul)
+        return "pclmul";
+#endif
+    return "slicing-by-8";
+}
+#define CRC_NAME crc_name()
+
+static void crc_init(void)
+{
+    crc_table_init();
+#ifdef HAVE_CLMUL
+    __builtin_cpu_init();
+    use_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+#endif
+}
+
+static inline uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n)
+{
+#ifdef HAVE_CLMUL
+    if (use_clmul && n >= 64) {
+        size_t blocks = n & ~(size_t)15;
+        crc = ~crc32_clmul(~crc, p, blocks);
+        p += blocks;
+        n -= blocks;
+    }
+#endif
+    return crc32_by_table(crc, p, n);
+}
+#endif
+
+static inline uint32_t be32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+PyDoc_STRVAR(scan_doc,
+"scan(buf, known, /) -> (payloads, frames, offset, error)\n\n"
+"The complete messages of ``buf`` from its start: the payloads of the leading run of messages whose\n"
+"header block equals ``known`` (bytes, or None for no such run), then every message from the first\n"
+"other one on as ``(header bytes, payload)``; the offset of the first byte not consumed; and None, or\n"
+"the message of the damage that stopped the walk (the frames before it are intact).");
+
+static PyObject *scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "scan() takes exactly 2 arguments");
+        return NULL;
+    }
+    PyObject *bufobj = args[0], *known = args[1];
+    if (!PyBytes_Check(bufobj)) {
+        PyErr_Format(PyExc_TypeError, "scan() argument 1 must be bytes, not %.100s", Py_TYPE(bufobj)->tp_name);
+        return NULL;
+    }
+    if (known != Py_None && !PyBytes_Check(known)) {
+        PyErr_Format(PyExc_TypeError, "scan() argument 2 must be bytes or None, not %.100s",
+                     Py_TYPE(known)->tp_name);
+        return NULL;
+    }
+    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(bufobj);
+    const Py_ssize_t size = PyBytes_GET_SIZE(bufobj);
+    int in_run = known != Py_None;
+    const char *known_data = in_run ? PyBytes_AS_STRING(known) : NULL;
+    const Py_ssize_t known_length = in_run ? PyBytes_GET_SIZE(known) : -1;
+
+    PyObject *payloads = PyList_New(0);
+    PyObject *frames = PyList_New(0);
+    PyObject *last_headers = NULL; /* borrowed from ``frames``: equal header blocks share one object */
+    PyObject *error = NULL;
+    if (payloads == NULL || frames == NULL)
+        goto fail;
+
+    Py_ssize_t start = 0;
+    while (size - start >= MIN_LENGTH) {
+        const unsigned char *p = buf + start;
+        const uint32_t total = be32(p), headers_length = be32(p + 4), prelude_crc = be32(p + 8);
+        uint32_t crc = crc32_update(0, p, 8);
+        if (crc != prelude_crc) {
+            error = PyUnicode_FromString("event-stream prelude CRC mismatch");
+            break;
+        }
+        if ((uint64_t)(size - start) < (uint64_t)total) {
+            if (headers_length > MAX_HEADERS_LENGTH ||
+                (int64_t)total - (int64_t)headers_length - MIN_LENGTH > MAX_PAYLOAD_LENGTH) {
+                error = PyUnicode_FromFormat("event-stream message of %lu bytes exceeds the limits",
+                                             (unsigned long)total);
+            }
+            break;
+        }
+        if ((uint64_t)total < (uint64_t)headers_length + MIN_LENGTH) {
+            error = PyUnicode_FromString("event-stream message shorter than its own headers");
+            break;
+        }
+        crc = crc32_update(crc, p + 8, (size_t)total - 12);
+        if (crc != be32(p + total - 4)) {
+            error = PyUnicode_FromString("event-stream message CRC mismatch");
+            break;
+        }
+        const char *headers = (const char *)p + 12;
+        PyObject *payload = PyBytes_FromStringAndSize(headers + headers_length,
+                                                      (Py_ssize_t)total - MIN_LENGTH - (Py_ssize_t)headers_length);
+        if (payload == NULL)
+            goto fail;
+        if (in_run && (Py_ssize_t)headers_length == known_length &&
+            memcmp(headers, known_data, headers_length) == 0) {
+            int rc = PyList_Append(payloads, payload);
+            Py_DECREF(payload);
+            if (rc < 0)
+                goto fail;
+        }
+        else {
+            in_run = 0;
+            PyObject *raw;
+            if (last_headers != NULL && PyBytes_GET_SIZE(last_headers) == (Py_ssize_t)headers_length &&
+                memcmp(PyBytes_AS_STRING(last_headers), headers, headers_length) == 0) {
+                raw = Py_NewRef(last_headers);
+            }
+            else if ((raw = PyBytes_FromStringAndSize(headers, headers_length)) == NULL) {
+                Py_DECREF(payload);
+                goto fail;
+            }
+            PyObject *frame = PyTuple_New(2);
+            if (frame == NULL) {
+                Py_DECREF(raw);
+                Py_DECREF(payload);
+                goto fail;
+            }
+            PyTuple_SET_ITEM(frame, 0, raw); /* steals both */
+            PyTuple_SET_ITEM(frame, 1, payload);
+            int rc = PyList_Append(frames, frame);
+            Py_DECREF(frame);
+            if (rc < 0)
+                goto fail;
+            last_headers = raw; /* kept alive by ``frames`` */
+        }
+        start += total;
+    }
+    if (error == NULL) {
+        if (PyErr_Occurred())
+            goto fail;
+        error = Py_NewRef(Py_None);
+    }
+    return Py_BuildValue("(NNnN)", payloads, frames, start, error);
+
+fail:
+    Py_XDECREF(payloads);
+    Py_XDECREF(frames);
+    Py_XDECREF(error);
+    return NULL;
+}
+
+PyDoc_STRVAR(crc32_doc, "crc32(data, value=0, /) -> int\n\nzlib's CRC-32 of ``data``, continuing from ``value``.");
+
+static PyObject *crc32_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "crc32() takes 1 or 2 arguments");
+        return NULL;
+    }
+    uint32_t value = 0;
+    if (nargs == 2) {
+        value = (uint32_t)PyLong_AsUnsignedLongMask(args[1]);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    value = crc32_update(value, (const unsigned char *)view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(value);
+}
+
+PyDoc_STRVAR(crc32_table_doc, "_crc32_table(data, value=0, /) -> int\n\n``crc32`` by table only (for the tests).");
+
+static PyObject *crc32_table_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "_crc32_table() takes 1 or 2 arguments");
+        return NULL;
+    }
+    uint32_t value = 0;
+    if (nargs == 2) {
+        value = (uint32_t)PyLong_AsUnsignedLongMask(args[1]);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    value = crc32_by_table(value, (const unsigned char *)view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(value);
+}
+
+static PyMethodDef methods[] = {
+    {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL, scan_doc},
+    {"crc32", (PyCFunction)(void (*)(void))crc32_py, METH_FASTCALL, crc32_doc},
+    {"_crc32_table", (PyCFunction)(void (*)(void))crc32_table_py, METH_FASTCALL, crc32_table_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static int exec_module(PyObject *module)
+{
+    crc_init();
+    if (PyModule_AddIntConstant(module, "MAX_HEADERS_LENGTH", MAX_HEADERS_LENGTH) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_PAYLOAD_LENGTH", MAX_PAYLOAD_LENGTH) < 0 ||
+        PyModule_AddStringConstant(module, "CRC", CRC_NAME) < 0)
+        return -1;
+    return 0;
+}
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, exec_module},
+    {0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "adapters._eventstream_c",
+    .m_doc = "The event-stream frame loop of adapters._eventstream, compiled.",
+    .m_size = 0,
+    .m_methods = methods,
+    .m_slots = slots,
+};
+
+PyMODINIT_FUNC PyInit__eventstream_c(void)
+{
+    return PyModuleDef_Init(&moduledef);
+}

@@ -1,0 +1,9 @@
+"""The compiled frame loop of ``adapters._eventstream`` (adapters/_eventstream_c.c)."""
+
+MAX_HEADERS_LENGTH: int
+MAX_PAYLOAD_LENGTH: int
+CRC: str
+
+def scan(buf: bytes, known: bytes | None, /) -> tuple[list[bytes], list[tuple[bytes, bytes]], int, str | None]: ...
+def crc32(data: bytes, value: int = 0, /) -> int: ...
+def _crc32_table(data: bytes, value: int = 0, /) -> int: ...
