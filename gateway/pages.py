@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 __all__ = ["PAGE_HANDLERS", "asset"]
 
 _TYPES = {
-    ".html": "text/html; charset=utf-8",
-    ".js": "text/javascript; charset=utf-8",
-    ".css": "text/css; charset=utf-8",
+    ".html": "text/html",  # Litestar adds "; charset=utf-8" to text types
+    ".js": "text/javascript",
+    ".css": "text/css",
 }
 # Same-origin only: no inline script or style, no framing, nothing fetched from elsewhere.
 _HEADERS = {

@@ -44,7 +44,7 @@ def test_pages_and_assets_are_served_without_a_key(
 ) -> None:
     resp = httpx.get(mock_gateway.url + path)
     assert resp.status_code == 200
-    assert resp.headers["content-type"].startswith(content_type)
+    assert resp.headers["content-type"] == f"{content_type}; charset=utf-8"
     assert marker in resp.content
     csp = resp.headers["content-security-policy"]
     assert "script-src 'self'" in csp and "default-src 'none'" in csp and "frame-ancestors 'none'" in csp
