@@ -75,6 +75,12 @@ _decode_error_body = msgspec.json.Decoder(_AwsErrorBody).decode
 decode_json = msgspec.json.Decoder(dict[str, Any]).decode
 _encode = msgspec.json.Encoder().encode
 
+_chunk_events: Callable[[list[bytes]], list[bytes] | None] | None
+try:  # the chunks of Bedrock's exact shape decoded in C (adapters/_eventstream_c.c); msgspec for the rest
+    from ._eventstream_c import chunk_events as _chunk_events
+except ImportError:  # pragma: no cover - no compiler where it was installed
+    _chunk_events = None
+
 
 def _error_data(error_type: str, message: str) -> bytes:
     return encode_event(ErrorEvent(error=ErrorDetail(type=error_type, message=message)))
@@ -154,14 +160,19 @@ class BedrockEventStream:
                     datas.append(failure)
                 if not datas:
                     continue
-                views = decode_views(datas)
+                joined = b",".join(datas)  # one buffer for the partial decode and the checks below
+                views = decode_views(datas, b"[" + joined + b"]")
                 if start is None and views[0].type == "message_start":
                     start = views[0]
-                if views[-1].type == "message_stop" and _METRICS_BYTES in datas[-1]:  # where they are, as a rule
-                    datas[-1] = self._strip_metrics(datas[-1], start, previous + views[:-1])
-                raw = encode_frames(views, datas)
-                if raw.count(b"\n") != 3 * len(datas) or b"\r" in raw or _METRICS_BYTES in raw:
-                    raw = self._rewrite(views, datas, start, previous)  # multi-line JSON; metrics elsewhere
+                slow = b"\n" in joined or b"\r" in joined  # multi-line JSON: re-encoded on one line
+                metrics_at = joined.find(_METRICS_BYTES)
+                if metrics_at >= 0:
+                    if metrics_at >= len(joined) - len(datas[-1]) and views[-1].type == "message_stop":
+                        datas[-1] = self._strip_metrics(datas[-1], start, previous + views[:-1])  # as a rule
+                        slow = slow or _METRICS_BYTES in datas[-1]
+                    else:
+                        slow = True  # metrics anywhere else
+                raw = self._rewrite(views, datas, start, previous) if slow else encode_frames(views, datas)
                 yield Batch(views, datas, raw)
                 previous = views
                 if failure is not None:
@@ -191,7 +202,12 @@ class BedrockEventStream:
     @staticmethod
     def _chunk_datas(payloads: list[bytes]) -> list[bytes]:
         """Each chunk's event bytes (``{"bytes": <base64>, "p": <padding>}``), all decoded in one call; when one
-        is malformed, the ones before it (fewer than ``payloads``)."""
+        is malformed, the ones before it (fewer than ``payloads``). In C when every payload has Bedrock's exact
+        shape (``_eventstream_c.chunk_events``, the same bytes), else by msgspec."""
+        if _chunk_events is not None:
+            datas = _chunk_events(payloads)
+            if datas is not None:
+                return datas
         try:
             return [c.data for c in _decode_chunks(b"[" + b",".join(payloads) + b"]")]
         except msgspec.DecodeError:

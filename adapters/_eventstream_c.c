@@ -1,6 +1,8 @@
 /* The frame loop of adapters/_eventstream.py in C: ``scan`` walks the AWS event-stream messages of one
  * buffer, checks both CRC-32s and the limits, and returns what ``_scan_py`` (its pure-Python twin, the
- * fallback when this module is not built) returns, byte for byte and message for message.
+ * fallback when this module is not built) returns, byte for byte and message for message. And
+ * ``chunk_events``: the base64-decoded events of InvokeModelWithResponseStream chunk payloads of Bedrock's
+ * exact shape (adapters/_bedrock_stream.py falls back to msgspec for any other).
  *
  * Optional: setup.py builds it when a C compiler is there. Nothing but the CPython C API and its own
  * CRC-32 (below; no library to link). See docs/benchmarks.md for what it saves.
@@ -347,16 +349,149 @@ static PyObject *crc32_table_py(PyObject *module, PyObject *const *args, Py_ssiz
     return PyLong_FromUnsignedLong(value);
 }
 
+/* ``chunk_events``: the event bytes of InvokeModelWithResponseStream chunk payloads, for the one shape
+ * Bedrock sends (protocols.md §3): ``{"bytes":"<base64>"}`` or ``{"bytes":"<base64>","p":"<padding>"}``,
+ * byte for byte. Anything else (whitespace, other or reordered members, escapes, base64 that is not
+ * canonical, padding with a control, non-ASCII byte, quote or backslash) is left to msgspec: None. */
+static unsigned char b64_values[256]; /* 0..63, or 0xFF: not a base64 digit ('=' included) */
+static unsigned char pad_ok[256];     /* 1: a byte the padding may hold (printable ASCII or DEL, not " or \) */
+
+static void b64_init(void)
+{
+    static const char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    memset(b64_values, 0xFF, sizeof b64_values);
+    for (int i = 0; i < 64; i++)
+        b64_values[(unsigned char)digits[i]] = (unsigned char)i;
+    for (int c = 0; c < 256; c++)
+        pad_ok[c] = c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
+}
+
+#define CHUNK_HEAD "{\"bytes\":\""  /* 10 bytes */
+#define CHUNK_PAD ",\"p\":\""       /* 6 bytes */
+#define CHUNK_HEAD_LENGTH (sizeof CHUNK_HEAD - 1)
+#define CHUNK_PAD_LENGTH (sizeof CHUNK_PAD - 1)
+
+/* The decoded bytes of one payload, or NULL with no exception set when it is not of the shape (or NULL
+ * with an exception when out of memory). */
+static PyObject *chunk_event(const unsigned char *p, Py_ssize_t n)
+{
+    if (n < (Py_ssize_t)CHUNK_HEAD_LENGTH + 2 || memcmp(p, CHUNK_HEAD, CHUNK_HEAD_LENGTH) != 0)
+        return NULL;
+    const unsigned char *digits = p + CHUNK_HEAD_LENGTH, *end = p + n;
+    const unsigned char *quote = memchr(digits, '"', (size_t)(end - digits));
+    if (quote == NULL)
+        return NULL;
+    /* after the base64: "}" alone, or ,"p":"<padding>"} */
+    const unsigned char *rest = quote + 1;
+    if (end - rest == 1) {
+        if (rest[0] != '}')
+            return NULL;
+    }
+    else {
+        if (end - rest < (Py_ssize_t)CHUNK_PAD_LENGTH + 2 || memcmp(rest, CHUNK_PAD, CHUNK_PAD_LENGTH) != 0 ||
+            end[-2] != '"' || end[-1] != '}')
+            return NULL;
+        for (const unsigned char *c = rest + CHUNK_PAD_LENGTH; c < end - 2; c++)
+            if (!pad_ok[*c])
+                return NULL;
+    }
+    const Py_ssize_t length = quote - digits;
+    if (length % 4 != 0)
+        return NULL;
+    Py_ssize_t pads = 0;
+    if (length > 0 && digits[length - 1] == '=')
+        pads = digits[length - 2] == '=' ? 2 : 1;
+    const Py_ssize_t out_length = length / 4 * 3 - pads;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, out_length);
+    if (out == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    const Py_ssize_t full = pads ? length - 4 : length; /* the quads without '=' */
+    Py_ssize_t i = 0;
+    for (; i < full; i += 4) {
+        const unsigned a = b64_values[digits[i]], b = b64_values[digits[i + 1]], c = b64_values[digits[i + 2]],
+                       d = b64_values[digits[i + 3]];
+        if ((a | b | c | d) & 0x80)
+            goto reject;
+        const uint32_t v = (a << 18) | (b << 12) | (c << 6) | d;
+        *o++ = (unsigned char)(v >> 16);
+        *o++ = (unsigned char)(v >> 8);
+        *o++ = (unsigned char)v;
+    }
+    if (pads) { /* the last quad: xx== or xxx=, with the unused bits zero (the canonical form) */
+        const unsigned a = b64_values[digits[i]], b = b64_values[digits[i + 1]];
+        if ((a | b) & 0x80)
+            goto reject;
+        if (pads == 2) {
+            if (b & 0x0F)
+                goto reject;
+            *o++ = (unsigned char)((a << 2) | (b >> 4));
+        }
+        else {
+            const unsigned c = b64_values[digits[i + 2]];
+            if ((c & 0x80) || (c & 0x03))
+                goto reject;
+            *o++ = (unsigned char)((a << 2) | (b >> 4));
+            *o++ = (unsigned char)(((b & 0x0F) << 4) | (c >> 2));
+        }
+    }
+    return out;
+
+reject:
+    Py_DECREF(out);
+    return NULL;
+}
+
+PyDoc_STRVAR(chunk_events_doc,
+"chunk_events(payloads, /) -> list[bytes] | None\n\n"
+"The event bytes (base64-decoded ``bytes`` member) of every InvokeModelWithResponseStream chunk payload of\n"
+"the list, when each is exactly ``{\"bytes\":\"<base64>\"}`` or ``{\"bytes\":\"<base64>\",\"p\":\"<padding>\"}``\n"
+"(canonical base64; padding of printable ASCII without quote or backslash); None as soon as one is not.");
+
+static PyObject *chunk_events(PyObject *module, PyObject *payloads)
+{
+    (void)module;
+    if (!PyList_Check(payloads)) {
+        PyErr_Format(PyExc_TypeError, "chunk_events() argument must be list, not %.100s",
+                     Py_TYPE(payloads)->tp_name);
+        return NULL;
+    }
+    const Py_ssize_t count = PyList_GET_SIZE(payloads);
+    PyObject *out = PyList_New(count);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *payload = PyList_GET_ITEM(payloads, k);
+        if (!PyBytes_Check(payload)) {
+            PyErr_Format(PyExc_TypeError, "chunk_events() items must be bytes, not %.100s",
+                         Py_TYPE(payload)->tp_name);
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *event = chunk_event((const unsigned char *)PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload));
+        if (event == NULL) {
+            Py_DECREF(out); /* the items not yet set are NULL, which list dealloc skips */
+            if (PyErr_Occurred())
+                return NULL;
+            Py_RETURN_NONE;
+        }
+        PyList_SET_ITEM(out, k, event);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL, scan_doc},
     {"crc32", (PyCFunction)(void (*)(void))crc32_py, METH_FASTCALL, crc32_doc},
     {"_crc32_table", (PyCFunction)(void (*)(void))crc32_table_py, METH_FASTCALL, crc32_table_doc},
+    {"chunk_events", (PyCFunction)chunk_events, METH_O, chunk_events_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static int exec_module(PyObject *module)
 {
     crc_init();
+    b64_init();
     if (PyModule_AddIntConstant(module, "MAX_HEADERS_LENGTH", MAX_HEADERS_LENGTH) < 0 ||
         PyModule_AddIntConstant(module, "MAX_PAYLOAD_LENGTH", MAX_PAYLOAD_LENGTH) < 0 ||
         PyModule_AddStringConstant(module, "CRC", CRC_NAME) < 0)
@@ -372,7 +507,7 @@ static PyModuleDef_Slot slots[] = {
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "adapters._eventstream_c",
-    .m_doc = "The event-stream frame loop of adapters._eventstream, compiled.",
+    .m_doc = "The event-stream frame loop of adapters._eventstream and Bedrock chunk decoding, compiled.",
     .m_size = 0,
     .m_methods = methods,
     .m_slots = slots,

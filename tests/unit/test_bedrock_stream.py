@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib
+import importlib.util
 import json
 from collections.abc import AsyncIterator
+from types import ModuleType
 from typing import Any
+from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adapters import _bedrock_stream
 from adapters._bedrock_stream import BedrockEventStream
 from adapters._eventstream import encode_message
 from gateway.validate import StreamValidator
@@ -153,3 +159,188 @@ def test_multi_line_json_is_put_on_one_line() -> None:
     frame = encode_message(CHUNK, json.dumps({"bytes": base64.b64encode(pretty).decode()}).encode())  # type: ignore[arg-type]
     got = run([chunk(EVENTS[0]) + frame + body(EVENTS[2:])])
     assert got == expected()
+
+
+# The chunk payloads of Bedrock's exact shape are decoded in C (``_eventstream_c.chunk_events``); any other
+# shape falls back to msgspec. Where C answers, it must give msgspec's bytes.
+
+
+def _compiled() -> ModuleType | None:
+    try:
+        return importlib.import_module("adapters._eventstream_c")
+    except ImportError:
+        return None
+
+
+C = _compiled()
+needs_c = pytest.mark.skipif(C is None, reason="adapters._eventstream_c is not built")
+
+
+def msgspec_datas(payloads: list[bytes]) -> list[bytes]:
+    """``_chunk_datas`` as it is without the extension: msgspec only."""
+    with mock.patch.object(_bedrock_stream, "_chunk_events", None):
+        return BedrockEventStream._chunk_datas(payloads)
+
+
+def canonical(data: bytes, pad: str | None = "abc") -> bytes:
+    """A chunk payload as Bedrock writes it: no whitespace, ``bytes`` first, the padding last (or none)."""
+    head = b'{"bytes":"' + base64.b64encode(data) + b'"'
+    return head + (b"}" if pad is None else b',"p":"' + pad.encode() + b'"}')
+
+
+def c_chunk(event: dict[str, Any], pad: str | None = "abcdef") -> bytes:
+    data = json.dumps(event, separators=(",", ":")).encode()
+    return encode_message(CHUNK, canonical(data, pad))  # type: ignore[arg-type]
+
+
+def test_the_compiled_chunk_decoder_is_in_use() -> None:
+    built = importlib.util.find_spec("adapters._eventstream_c") is not None
+    if built:
+        assert C is not None
+        assert _bedrock_stream._chunk_events is C.chunk_events
+    else:
+        assert _bedrock_stream._chunk_events is None
+
+
+def test_whole_stream_of_canonical_chunks() -> None:
+    events = [
+        {**e, "amazon-bedrock-invocationMetrics": _usage_metrics()} if e["type"] == "message_stop" else e
+        for e in EVENTS
+    ]
+    frames = [c_chunk(e, None if i % 3 == 0 else "x" * i) for i, e in enumerate(events)]
+    assert run([b"".join(frames)]) == expected()
+    # canonical and other shapes in the same read: msgspec for the whole read, the same events
+    mixed = [*frames[:2], chunk(EVENTS[2]), *frames[3:]]
+    assert run([b"".join(mixed)]) == expected()
+
+
+def test_malformed_canonical_looking_chunk_keeps_the_events_before() -> None:
+    broken = encode_message(CHUNK, b'{"bytes":"QQ=!","p":"abc"}')  # type: ignore[arg-type]
+    got = run([b"".join(c_chunk(e) for e in EVENTS[:2]) + broken + c_chunk(EVENTS[2])])
+    assert got[:2] == expected(EVENTS[:2])
+    assert got[2][0] == "error" and len(got) == 3
+
+
+_pad = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7F, exclude_characters='"\\'), max_size=30)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=300), st.one_of(st.none(), _pad)), max_size=8))
+def test_canonical_chunks_decode_in_c_as_msgspec_does(chunks: list[tuple[bytes, str | None]]) -> None:
+    assert C is not None
+    payloads = [canonical(data, pad) for data, pad in chunks]
+    datas = [data for data, _ in chunks]
+    assert C.chunk_events(payloads) == datas
+    assert msgspec_datas(payloads) == datas
+    assert BedrockEventStream._chunk_datas(payloads) == datas
+
+
+@needs_c
+@settings(max_examples=500, deadline=None)
+@given(
+    data=st.binary(max_size=40),
+    pad=st.one_of(st.none(), st.text(max_size=8)),
+    edits=st.lists(
+        st.tuples(
+            st.integers(0, 200),
+            st.sampled_from(["insert", "delete", "replace"]),
+            st.sampled_from(b' "\\,:{}=+/pAQ_-\x00\x1f\x7f\x80\xff'),
+        ),
+        max_size=3,
+    ),
+)
+def test_wherever_c_answers_it_is_msgspecs_answer(
+    data: bytes, pad: str | None, edits: list[tuple[int, str, int]]
+) -> None:
+    """Canonical payloads (padding of any text, JSON-escaped), then random edits: C says None, or msgspec's bytes."""
+    assert C is not None
+    if pad is None:
+        payload = bytearray(canonical(data, None))
+    else:
+        payload = bytearray(b'{"bytes":"' + base64.b64encode(data) + b'","p":' + json.dumps(pad).encode() + b"}")
+    for at, how, byte in edits:
+        at %= len(payload) + 1
+        if how == "insert":
+            payload[at:at] = bytes([byte])
+        elif at < len(payload):
+            payload[at : at + 1] = b"" if how == "delete" else bytes([byte])
+    payloads = [canonical(b"first"), bytes(payload)]
+    reference = msgspec_datas(payloads)
+    got = C.chunk_events(payloads)
+    if got is not None:
+        assert got == reference and len(got) == 2
+    assert BedrockEventStream._chunk_datas(payloads) == reference
+
+
+NOT_CANONICAL = {
+    "spaces": b'{"bytes": "QUJD", "p": "abc"}',
+    "space before }": b'{"bytes":"QUJD" }',
+    "p first": b'{"p":"abc","bytes":"QUJD"}',
+    "extra member": b'{"bytes":"QUJD","p":"abc","q":1}',
+    "other member": b'{"bytes":"QUJD","q":"abc"}',
+    "escaped slash": b'{"bytes":"QU\\/D","p":"abc"}',
+    "escape in padding": b'{"bytes":"QUJD","p":"a\\"bc"}',
+    "invalid base64 char": b'{"bytes":"QU!D","p":"abc"}',
+    "url-safe base64": b'{"bytes":"_-_-"}',
+    "bad length": b'{"bytes":"QUJDR","p":"abc"}',
+    "no padding": b'{"bytes":"QQ"}',
+    "too much padding": b'{"bytes":"Q==="}',
+    "padding inside": b'{"bytes":"QQ==QUJD"}',
+    "non-canonical padding bits": b'{"bytes":"QR=="}',
+    "non-canonical padding bits (=)": b'{"bytes":"QUJ="}',
+    "truncated": b'{"bytes":"QUJD","p":"ab',
+    "truncated base64": b'{"bytes":"QUJD',
+    "no closing brace": b'{"bytes":"QUJD"',
+    "trailing byte": b'{"bytes":"QUJD"}\n',
+    "control char in padding": b'{"bytes":"QUJD","p":"a\x01"}',
+    "non-ASCII padding": b'{"bytes":"QUJD","p":"\xc3\xa9"}',
+    "not an object": b'"QUJD"',
+    "empty": b"",
+    "null bytes": b'{"bytes":null}',
+}
+
+
+@needs_c
+@pytest.mark.parametrize("payload", list(NOT_CANONICAL.values()), ids=list(NOT_CANONICAL))
+def test_other_shapes_are_left_to_msgspec(payload: bytes) -> None:
+    assert C is not None
+    for payloads in ([payload], [canonical(b"one"), payload, canonical(b"two")]):
+        assert C.chunk_events(payloads) is None
+        assert BedrockEventStream._chunk_datas(payloads) == msgspec_datas(payloads)
+    assert BedrockEventStream._chunk_datas([canonical(b"one"), payload]) == msgspec_datas([canonical(b"one"), payload])
+
+
+@needs_c
+def test_chunk_events_edge_cases() -> None:
+    assert C is not None
+    assert C.chunk_events([]) == []
+    assert BedrockEventStream._chunk_datas([]) == msgspec_datas([]) == []
+    assert C.chunk_events([b'{"bytes":""}', b'{"bytes":"","p":""}', b'{"bytes":"AA==","p":"\x7f"}']) == [
+        b"",
+        b"",
+        b"\0",
+    ]
+    assert C.chunk_events([b'{"bytes":"+/+/"}']) == [b"\xfb\xff\xbf"]
+    with pytest.raises(TypeError):
+        C.chunk_events((b'{"bytes":""}',))
+    with pytest.raises(TypeError):
+        C.chunk_events([bytearray(b'{"bytes":""}')])
+    with pytest.raises(TypeError):
+        C.chunk_events([b'{"bytes":"QUJD"}', "text"])
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_text_quoting_the_metrics_key_is_kept_and_the_metrics_still_stripped(split: bool) -> None:
+    """The key in an answer's text is not Bedrock's metrics: the text goes out unchanged (same read as the
+    message_stop or not) while the metrics on the message_stop are still removed and checked."""
+    quoted = "see amazon-bedrock-invocationMetrics in the docs"
+    events = [dict(e) for e in EVENTS]
+    i = next(i for i, e in enumerate(events) if e["type"] == "content_block_delta" and "text" in e["delta"])
+    events[i] = {**events[i], "delta": {"type": "text_delta", "text": quoted}}
+    data = body(events, metrics={**_usage_metrics(), "outputTokenCount": 999})
+    seen: list[int] = []
+    parts = [data[: len(data) // 2], data[len(data) // 2 :]] if split else [data]
+    got = run(parts, lambda: seen.append(1))
+    assert got == expected(events)
+    assert seen == [1]
