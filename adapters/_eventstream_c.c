@@ -303,13 +303,12 @@ fail:
     return NULL;
 }
 
-PyDoc_STRVAR(crc32_doc, "crc32(data, value=0, /) -> int\n\nzlib's CRC-32 of ``data``, continuing from ``value``.");
-
-static PyObject *crc32_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* ``name(data, value=0, /)``: the CRC-32 of ``data`` by ``crc``, continuing from ``value``. */
+static PyObject *crc32_call(const char *name, uint32_t (*crc)(uint32_t, const unsigned char *, size_t),
+                            PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)module;
     if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "crc32() takes 1 or 2 arguments");
+        PyErr_Format(PyExc_TypeError, "%s() takes 1 or 2 arguments", name);
         return NULL;
     }
     uint32_t value = 0;
@@ -321,9 +320,17 @@ static PyObject *crc32_py(PyObject *module, PyObject *const *args, Py_ssize_t na
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    value = crc32_update(value, (const unsigned char *)view.buf, (size_t)view.len);
+    value = crc(value, (const unsigned char *)view.buf, (size_t)view.len);
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLong(value);
+}
+
+PyDoc_STRVAR(crc32_doc, "crc32(data, value=0, /) -> int\n\nzlib's CRC-32 of ``data``, continuing from ``value``.");
+
+static PyObject *crc32_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    return crc32_call("crc32", crc32_update, args, nargs);
 }
 
 PyDoc_STRVAR(crc32_table_doc, "_crc32_table(data, value=0, /) -> int\n\n``crc32`` by table only (for the tests).");
@@ -331,22 +338,7 @@ PyDoc_STRVAR(crc32_table_doc, "_crc32_table(data, value=0, /) -> int\n\n``crc32`
 static PyObject *crc32_table_py(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "_crc32_table() takes 1 or 2 arguments");
-        return NULL;
-    }
-    uint32_t value = 0;
-    if (nargs == 2) {
-        value = (uint32_t)PyLong_AsUnsignedLongMask(args[1]);
-        if (PyErr_Occurred())
-            return NULL;
-    }
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    value = crc32_by_table(value, (const unsigned char *)view.buf, (size_t)view.len);
-    PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLong(value);
+    return crc32_call("_crc32_table", crc32_by_table, args, nargs);
 }
 
 /* ``chunk_events``: the event bytes of InvokeModelWithResponseStream chunk payloads, for the one shape

@@ -8,7 +8,6 @@ import importlib
 import importlib.util
 import json
 from collections.abc import AsyncIterator
-from types import ModuleType
 from typing import Any
 from unittest import mock
 
@@ -21,6 +20,7 @@ from adapters._bedrock_stream import BedrockEventStream
 from adapters._eventstream import encode_message
 from gateway.validate import StreamValidator
 from tests.fakes.claude_api import get_scenario
+from tests.unit.test_eventstream import C
 
 CHUNK = {":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"}
 
@@ -165,14 +165,6 @@ def test_multi_line_json_is_put_on_one_line() -> None:
 # shape falls back to msgspec. Where C answers, it must give msgspec's bytes.
 
 
-def _compiled() -> ModuleType | None:
-    try:
-        return importlib.import_module("adapters._eventstream_c")
-    except ImportError:
-        return None
-
-
-C = _compiled()
 needs_c = pytest.mark.skipif(C is None, reason="adapters._eventstream_c is not built")
 
 
