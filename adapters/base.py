@@ -9,7 +9,7 @@ client once per read rather than once per event.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Protocol
 
 import msgspec
@@ -26,6 +26,7 @@ __all__ = [
     "JsonReply",
     "SseEventStream",
     "batch_of_block",
+    "checked",
     "forwardable_headers",
     "raise_for_upstream",
 ]
@@ -102,6 +103,21 @@ _GOOGLE_STATUS = {
     "PERMISSION_DENIED": (403, "permission_error"),
     "NOT_FOUND": (404, "not_found_error"),
 }
+
+
+async def checked(
+    resp: UpstreamResponse,
+    provider: str,
+    check: Callable[[UpstreamResponse, str], Awaitable[None]] | None = None,
+) -> UpstreamResponse:
+    """``resp`` if it succeeded; otherwise the Anthropic error that ``check`` (``raise_for_upstream`` by
+    default; Bedrock passes its own) maps it to, with the response closed."""
+    try:
+        await (check or raise_for_upstream)(resp, provider)
+    except BaseException:
+        await resp.aclose()
+        raise
+    return resp
 
 
 async def raise_for_upstream(resp: UpstreamResponse, provider: str) -> None:

@@ -34,7 +34,7 @@ from ._bedrock_stream import (
     raise_for_bedrock,
 )
 from ._converse import ConverseUnsupported, from_converse_response, to_converse
-from .base import JsonReply
+from .base import JsonReply, checked
 from .claude import USER_AGENT, aws_region
 
 __all__ = ["BEDROCK_ERRORS", "STREAM_EXCEPTIONS", "BedrockAdapter", "bedrock_error"]
@@ -86,12 +86,7 @@ class BedrockAdapter:
         else:
             headers = await sigv4_headers(self._signer, self._credentials, "POST", url, headers, body)
         resp = await self._client.send("POST", url, headers=headers, body=body, timeouts=self._timeouts)
-        try:
-            await raise_for_bedrock(resp, self.name)
-        except BaseException:
-            await resp.aclose()
-            raise
-        return resp
+        return await checked(resp, self.name, raise_for_bedrock)
 
     def invoke_body(self, request: ProxyRequest, *, extra: dict[str, Any] | None = None) -> bytes:
         """The InvokeModel body: the client's, minus ``model``/``stream``, plus Bedrock's version and betas."""

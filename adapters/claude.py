@@ -12,7 +12,7 @@ from gateway.settings import AnthropicProvider, BedrockMantleProvider, ClaudeAws
 from gateway.upstream import HttpClient, Timeouts, UpstreamResponse
 
 from ._aws import CredentialSource, SigV4Signer, sigv4_headers
-from .base import JsonReply, SseEventStream, forwardable_headers, raise_for_upstream
+from .base import JsonReply, SseEventStream, checked, forwardable_headers
 
 __all__ = [
     "DEFAULT_VERSION",
@@ -96,12 +96,7 @@ class ClaudeAdapter:
         if self._sign is not None:
             headers = await self._sign("POST", url, headers, body)
         resp = await self._client.send("POST", url, headers=headers, body=body, timeouts=self._timeouts)
-        try:
-            await raise_for_upstream(resp, self.name)
-        except BaseException:
-            await resp.aclose()
-            raise
-        return resp
+        return await checked(resp, self.name)
 
     def _body(self, request: ProxyRequest, model: str) -> bytes:
         return request.body if model == request.model else request.body_with(set={"model": model})

@@ -17,7 +17,7 @@ from gateway.settings import VertexProvider
 from gateway.upstream import HttpClient, Timeouts, UpstreamResponse
 
 from ._google import GoogleCredentialsUnavailable, GoogleTokenSource
-from .base import JsonReply, SseEventStream, forwardable_headers, raise_for_upstream
+from .base import JsonReply, SseEventStream, checked, forwardable_headers
 from .claude import USER_AGENT
 
 __all__ = ["VertexAdapter", "vertex_base_url"]
@@ -96,12 +96,7 @@ class VertexAdapter:
                 await resp.aclose()
                 token = await self.tokens.refresh_after_401(token)
                 continue
-            try:
-                await raise_for_upstream(resp, self.name)
-            except BaseException:
-                await resp.aclose()
-                raise
-            return resp
+            return await checked(resp, self.name)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _body(self, request: ProxyRequest) -> bytes:
