@@ -89,6 +89,24 @@ class BackgroundServer:
         if transport is not None:
             transport.abort()
 
+    async def _pace_json(self, request: web.Request, events: list[dict[str, Any]], interval: float) -> bool:
+        """A non-streamed answer takes as long as its stream would: ``interval`` per delta. False when the
+        client went away meanwhile (counted in ``disconnects``): answer nothing then."""
+        if not interval:
+            return True
+        try:
+            for _ in range(sum(e["type"] == "content_block_delta" for e in events)):
+                await asyncio.sleep(interval)
+                if self._client_gone(request):
+                    raise ConnectionResetError("client went away")
+        except ConnectionError:
+            self._note_disconnect()
+            return False
+        except asyncio.CancelledError:
+            self._note_disconnect()
+            raise
+        return True
+
     async def _send_sse(
         self, request: web.Request, resp: web.StreamResponse, events: Iterable[dict[str, Any]], scenario: Any
     ) -> web.StreamResponse:

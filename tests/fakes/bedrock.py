@@ -918,19 +918,8 @@ class FakeBedrock(BackgroundServer):
             return web.Response(status=500)  # never reaches the client
         if plan.events and plan.events[-1]["type"] == "error":
             return self._status_error("ServiceUnavailableException", request_id, "Overloaded")
-        if plan.delta_interval:
-            n_deltas = sum(e["type"] == "content_block_delta" for e in plan.events)
-            try:
-                for _ in range(n_deltas):
-                    await asyncio.sleep(plan.delta_interval)
-                    if self._client_gone(request):
-                        raise ConnectionResetError("client went away")
-            except ConnectionError:
-                self._note_disconnect()
-                return web.Response(status=499)
-            except asyncio.CancelledError:
-                self._note_disconnect()
-                raise
+        if not await self._pace_json(request, plan.events, plan.delta_interval):
+            return web.Response(status=499)
         message = accumulate(plan.events)
         assert message is not None
         metrics = plan.events[-1].get(METRICS_KEY) or invocation_metrics(plan.events, output_offset=plan.output_offset)

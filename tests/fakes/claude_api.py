@@ -17,7 +17,6 @@ exact bytes the fake sends) into ``tests/fixtures/claude/`` by default.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import contextlib
 import copy
@@ -698,23 +697,10 @@ class FakeClaudeAPI(BackgroundServer):
         if scenario.ending == "error":
             return self._error(529, "overloaded_error", "Overloaded", request_id, **{"x-should-retry": "true"})
         if scenario.ending == "cut":
-            transport = request.transport
-            if transport is not None:
-                transport.abort()
+            self._abort(request)
             return web.Response(status=500)  # never reaches the client
-        if scenario.delta_interval:
-            n_deltas = sum(e["type"] == "content_block_delta" for e in scenario.events)
-            try:
-                for _ in range(n_deltas):
-                    await asyncio.sleep(scenario.delta_interval)
-                    if self._client_gone(request):
-                        raise ConnectionResetError("client went away")
-            except ConnectionError:
-                self._note_disconnect()
-                return web.Response(status=499)
-            except asyncio.CancelledError:
-                self._note_disconnect()
-                raise
+        if not await self._pace_json(request, scenario.events, scenario.delta_interval):
+            return web.Response(status=499)
         message = accumulate(scenario.events)
         return self._json(200, message, request_id)
 

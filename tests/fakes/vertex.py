@@ -764,19 +764,8 @@ class FakeVertex(BackgroundServer):
         if scenario.ending == "cut":
             self._abort(request)
             return web.Response(status=500)  # never reaches the client
-        if scenario.delta_interval:
-            n_deltas = sum(e["type"] == "content_block_delta" for e in scenario.events)
-            try:
-                for _ in range(n_deltas):
-                    await asyncio.sleep(scenario.delta_interval)
-                    if self._client_gone(request):
-                        raise ConnectionResetError("client went away")
-            except ConnectionError:
-                self._note_disconnect()
-                return web.Response(status=499)
-            except asyncio.CancelledError:
-                self._note_disconnect()
-                raise
+        if not await self._pace_json(request, scenario.events, scenario.delta_interval):
+            return web.Response(status=499)
         return web.Response(
             status=200,
             body=_compact(final_vertex_message(model)).encode(),
