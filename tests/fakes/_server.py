@@ -1,22 +1,53 @@
 """What every fake upstream shares: an aiohttp server on 127.0.0.1 in a background thread, a lock-protected
-record of requests and client disconnects, start/stop and the context manager."""
+record of requests and client disconnects, start/stop and the context manager; and the ledger of bearer
+tokens the OAuth-speaking fakes issue."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Literal, Protocol, Self
 
 from aiohttp import web
 
-__all__ = ["BackgroundServer"]
+__all__ = ["BackgroundServer", "TokenLedger"]
 
 
 class _State(Protocol):
     disconnects: int
     requests: list[Any]
+
+
+class TokenLedger:
+    """Bearer tokens a fake issued: each valid until its lifetime ends or it is revoked. Not locked: the
+    fakes call it with their condition held."""
+
+    def __init__(self) -> None:
+        self._expiry: dict[str, float] = {}  # token -> time.time() it expires
+        self._revoked: set[str] = set()
+        self.issued: list[str] = []  # oldest first
+
+    def add(self, token: str, lifetime_s: float) -> str:
+        self._expiry[token] = time.time() + lifetime_s
+        self.issued.append(token)
+        return token
+
+    def status(self, token: str) -> Literal["valid", "unknown", "expired", "revoked"]:
+        expires_at = self._expiry.get(token)
+        if expires_at is None:
+            return "unknown"
+        if token in self._revoked:
+            return "revoked"
+        return "expired" if time.time() >= expires_at else "valid"
+
+    def revoke_all(self) -> int:
+        """Revoke every token issued so far; returns how many were live."""
+        live = [t for t in self._expiry if t not in self._revoked]
+        self._revoked.update(live)
+        return len(live)
 
 
 class BackgroundServer:

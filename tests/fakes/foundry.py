@@ -85,7 +85,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from ._server import BackgroundServer
+from ._server import BackgroundServer, TokenLedger
 from .claude_api import STATUS_SCENARIOS as CLAUDE_STATUS_SCENARIOS
 from .claude_api import RecordedRequest, Scenario, accumulate, get_scenario
 
@@ -281,11 +281,6 @@ class EntraTokenRequest:
     expires_in: int | None = None
 
 
-@dataclass
-class _TokenInfo:
-    expires_at: float
-    revoked: bool = False
-
 
 @dataclass
 class _Counters:
@@ -324,8 +319,7 @@ class FakeFoundry(BackgroundServer):
         self.authority_host = ""  # 127.0.0.1:TLS_PORT
         self.ca_file = ""  # PEM of the CA that signed the TLS certificate
         self.tls_port = 0
-        self._tokens: dict[str, _TokenInfo] = {}
-        self._issued: list[str] = []
+        self._ledger = TokenLedger()
         self._token_counter = itertools.count(1)
         self._signing_key: rsa.RSAPrivateKey | None = None
         self._kid = uuid.uuid4().hex[:16]
@@ -353,7 +347,7 @@ class FakeFoundry(BackgroundServer):
     def issued_tokens(self) -> list[str]:
         """Every Entra access token issued so far, oldest first (``reset()`` does not forget them)."""
         with self._cond:
-            return list(self._issued)
+            return list(self._ledger.issued)
 
     def reset(self) -> None:
         """Forget recorded requests, token exchanges and disconnects (issued tokens stay valid)."""
@@ -368,10 +362,7 @@ class FakeFoundry(BackgroundServer):
     def revoke_tokens(self) -> int:
         """Revoke every Entra token issued so far: they get 401 from now on. Returns how many were live."""
         with self._cond:
-            live = [info for info in self._tokens.values() if not info.revoked]
-            for info in live:
-                info.revoked = True
-            return len(live)
+            return self._ledger.revoke_all()
 
     def ssl_context(self) -> ssl.SSLContext:
         """A client-side context trusting the fake's CA (for httpx, aiohttp, urllib …)."""
@@ -410,19 +401,7 @@ class FakeFoundry(BackgroundServer):
         signing_input = f"{_b64url(_compact(header).encode())}.{_b64url(_compact(claims).encode())}"
         signature = self._signing_key.sign(signing_input.encode("ascii"), padding.PKCS1v15(), hashes.SHA256())
         token = f"{signing_input}.{_b64url(signature)}"
-        self._tokens[token] = _TokenInfo(expires_at=time.time() + lifetime_s)
-        self._issued.append(token)
-        return token
-
-    def _token_status(self, token: str) -> Literal["valid", "unknown", "expired", "revoked"]:
-        info = self._tokens.get(token)
-        if info is None:
-            return "unknown"
-        if info.revoked:
-            return "revoked"
-        if time.time() >= info.expires_at:
-            return "expired"
-        return "valid"
+        return self._ledger.add(token, lifetime_s)
 
     def _record_token(self, req: EntraTokenRequest) -> None:
         with self._cond:
@@ -730,7 +709,7 @@ class FakeFoundry(BackgroundServer):
         if authorization[:7].lower() == "bearer " and authorization[7:].strip():
             record.auth = "bearer"
             with self._cond:
-                status = self._token_status(authorization[7:].strip())
+                status = self._ledger.status(authorization[7:].strip())
             if status != "valid":
                 record.auth_error = status
             return

@@ -75,7 +75,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from ._server import BackgroundServer
+from ._server import BackgroundServer, TokenLedger
 from .claude_api import STATUS_SCENARIOS as CLAUDE_STATUS_SCENARIOS
 from .claude_api import RecordedRequest, Scenario, accumulate, encode_event, get_scenario
 
@@ -329,11 +329,6 @@ class TokenRequest:
     expires_in: int | None = None
 
 
-@dataclass
-class _TokenInfo:
-    expires_at: float  # time.time()
-    revoked: bool = False
-
 
 @dataclass
 class _Counters:
@@ -352,8 +347,7 @@ class FakeVertex(BackgroundServer):
         #: seconds the token endpoint waits before answering
         self.token_delay_s = 0.0
         self.token_uri = ""  # http://127.0.0.1:PORT/token
-        self._tokens: dict[str, _TokenInfo] = {}
-        self._issued: list[str] = []
+        self._ledger = TokenLedger()
         self._token_counter = itertools.count(1)
         self._accounts: dict[str, _ServiceAccount] = {}
         self._users: dict[str, _AuthorizedUser] = {}
@@ -385,7 +379,7 @@ class FakeVertex(BackgroundServer):
     def issued_tokens(self) -> list[str]:
         """Every access token issued so far, oldest first (``reset()`` does not forget them)."""
         with self._cond:
-            return list(self._issued)
+            return list(self._ledger.issued)
 
     def reset(self) -> None:
         """Forget recorded requests, token exchanges and disconnects (issued tokens stay valid)."""
@@ -400,14 +394,11 @@ class FakeVertex(BackgroundServer):
     def revoke_tokens(self) -> int:
         """Revoke every token issued so far: they get 401 from now on. Returns how many were live."""
         with self._cond:
-            live = [info for info in self._tokens.values() if not info.revoked]
-            for info in live:
-                info.revoked = True
-            return len(live)
+            return self._ledger.revoke_all()
 
     def token_status(self, token: str) -> Literal["valid", "unknown", "expired", "revoked"]:
         with self._cond:
-            return self._token_status(token)
+            return self._ledger.status(token)
 
     def make_service_account(self, directory: Path | str, *, name: str = "gateway") -> Path:
         """Write a fresh service-account JSON key file (token_uri = this fake) and register its public key.
@@ -481,20 +472,7 @@ class FakeVertex(BackgroundServer):
         return path
 
     def _mint(self, lifetime_s: int) -> str:  # with self._cond held
-        token = f"ya29.fake-{next(self._token_counter)}"
-        self._tokens[token] = _TokenInfo(expires_at=time.time() + lifetime_s)
-        self._issued.append(token)
-        return token
-
-    def _token_status(self, token: str) -> Literal["valid", "unknown", "expired", "revoked"]:
-        info = self._tokens.get(token)
-        if info is None:
-            return "unknown"
-        if info.revoked:
-            return "revoked"
-        if time.time() >= info.expires_at:
-            return "expired"
-        return "valid"
+        return self._ledger.add(f"ya29.fake-{next(self._token_counter)}", lifetime_s)
 
     def _record_token(self, req: TokenRequest) -> None:
         with self._cond:
@@ -671,7 +649,7 @@ class FakeVertex(BackgroundServer):
         if authorization[:7].lower() == "bearer " and authorization[7:].strip():
             record.token = authorization[7:].strip()
             with self._cond:
-                status = self._token_status(record.token)
+                status = self._ledger.status(record.token)
             if status != "valid":
                 record.auth_error = status
         else:
