@@ -64,7 +64,7 @@ from adapters._eventstream import HeaderValue, encode_message
 
 from ._server import BackgroundServer
 from .claude_api import STATUS_SCENARIOS as CLAUDE_STATUS_SCENARIOS
-from .claude_api import RecordedRequest, Scenario, accumulate, get_scenario
+from .claude_api import RecordedRequest, Scenario, accumulate, get_scenario, rename_ids
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -223,19 +223,10 @@ def converse_name(model_id: str) -> str:
     return _VERSION_SUFFIX.sub("", name).removeprefix("converse-")
 
 
-_ID_RE = re.compile(r"^(msg|toolu|srvtoolu)_fake_")
-
-
 def bdrk_ids(obj: _T) -> _T:
     """A deep copy of ``obj`` with FakeClaudeAPI ids (``msg_fake_…``) rewritten the Bedrock way (``msg_bdrk_…``)."""
-    if isinstance(obj, dict):
-        return {  # type: ignore[return-value]
-            k: (_ID_RE.sub(r"\1_bdrk_", v) if k in ("id", "tool_use_id") and isinstance(v, str) else bdrk_ids(v))
-            for k, v in obj.items()
-        }
-    if isinstance(obj, list):
-        return [bdrk_ids(v) for v in obj]  # type: ignore[return-value]
-    return obj
+    renamed: _T = rename_ids(obj, "bdrk")
+    return renamed
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ __all__ = [
     "encode_event",
     "final_message",
     "get_scenario",
+    "rename_ids",
     "sse_body",
     "write_fixtures",
 ]
@@ -64,6 +65,23 @@ SLOW_DELTAS = 400  # 400 x 50 ms = 20 s
 
 def _compact(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+_FAKE_ID = re.compile(r"^(msg|toolu|srvtoolu)_fake_")
+
+
+def rename_ids(obj: Any, tag: str) -> Any:
+    """A deep copy of ``obj`` with this fake's ids (``msg_fake_…``, ``toolu_fake_…``) as another provider
+    writes them (``tag`` ``"bdrk"``: ``msg_bdrk_…``)."""
+    if isinstance(obj, dict):
+        is_id = ("id", "tool_use_id")
+        return {
+            k: _FAKE_ID.sub(rf"\1_{tag}_", v) if k in is_id and isinstance(v, str) else rename_ids(v, tag)
+            for k, v in obj.items()
+        }
+    if isinstance(obj, list):
+        return [rename_ids(v, tag) for v in obj]
+    return obj
 
 
 def encode_event(event: Event) -> bytes:

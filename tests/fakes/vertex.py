@@ -77,7 +77,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from ._server import BackgroundServer, TokenLedger
 from .claude_api import STATUS_SCENARIOS as CLAUDE_STATUS_SCENARIOS
-from .claude_api import RecordedRequest, Scenario, accumulate, encode_event, get_scenario
+from .claude_api import RecordedRequest, Scenario, accumulate, encode_event, get_scenario, rename_ids
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -135,7 +135,6 @@ _ROUTE_RE = re.compile(
     r"^/v1/projects/(?P<project>[^/]+)/locations/(?P<region>[^/]+)/publishers/anthropic/models/"
     r"(?P<model>[^/:]+):(?P<specifier>rawPredict|streamRawPredict)$"
 )
-_ID_RE = re.compile(r"^(msg|toolu|srvtoolu)_fake_")
 _COUNTED_FIELDS = ("system", "messages", "tools", "tool_choice", "thinking")
 
 # ---------------------------------------------------------------------------------------------
@@ -159,14 +158,8 @@ def _echoed_model(model: str) -> str:
 
 def vrtx_ids(obj: _T) -> _T:
     """A deep copy of ``obj`` with FakeClaudeAPI ids (``msg_fake_…``) rewritten the Vertex way (``msg_vrtx_…``)."""
-    if isinstance(obj, dict):
-        return {  # type: ignore[return-value]
-            k: (_ID_RE.sub(r"\1_vrtx_", v) if k in ("id", "tool_use_id") and isinstance(v, str) else vrtx_ids(v))
-            for k, v in obj.items()
-        }
-    if isinstance(obj, list):
-        return [vrtx_ids(v) for v in obj]  # type: ignore[return-value]
-    return obj
+    renamed: _T = rename_ids(obj, "vrtx")
+    return renamed
 
 
 def _scenario(model: str) -> Scenario:
