@@ -9,7 +9,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
+import anthropic
 import pytest
 import uvicorn
 
@@ -64,6 +66,23 @@ def run_gateway(
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def sdk_error(
+    client: anthropic.Anthropic, model: str, exc: type[Exception], *, stream: bool, **kw: Any
+) -> anthropic.APIStatusError:
+    """The error ``exc`` the SDK raises for one request (streamed: ``messages.stream`` to the final
+    message; else ``messages.create``), checked to be an API status error with the Anthropic envelope."""
+    with pytest.raises(exc) as info:
+        if stream:
+            with client.messages.stream(model=model, **kw) as s:
+                s.get_final_message()
+        else:
+            client.messages.create(model=model, **kw)
+    err = info.value
+    assert isinstance(err, anthropic.APIStatusError)
+    assert err.body["type"] == "error"  # type: ignore[index]
+    return err
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.conftest import RunningGateway, run_gateway
+from tests.conftest import RunningGateway, run_gateway, sdk_error
 from tests.fakes.claude_api import FakeClaudeAPI
 
 KW: dict[str, Any] = {"max_tokens": 1024, "messages": [{"role": "user", "content": "Hello"}]}
@@ -34,14 +34,7 @@ def via(gw: RunningGateway) -> anthropic.Anthropic:
 def test_upstream_status_before_the_stream(
     model: str, status: int, exc: type[Exception], etype: str, stream: bool, gateway: RunningGateway
 ) -> None:
-    with pytest.raises(exc) as info:
-        if stream:
-            with via(gateway).messages.stream(model=model, **KW) as s:
-                s.get_final_message()
-        else:
-            via(gateway).messages.create(model=model, **KW)
-    err = info.value
-    assert isinstance(err, anthropic.APIStatusError)
+    err = sdk_error(via(gateway), model, exc, stream=stream, **KW)
     assert err.status_code == status
     assert err.body["error"]["type"] == etype  # type: ignore[index]
     assert err.response.headers["request-id"]

@@ -11,7 +11,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.conftest import RunningGateway, run_gateway
+from tests.conftest import RunningGateway, run_gateway, sdk_error
 from tests.fakes.foundry import FakeFoundry
 
 KW: dict[str, Any] = {"max_tokens": 1024, "messages": [{"role": "user", "content": "Hello"}]}
@@ -117,14 +117,8 @@ def test_entra_token_from_the_authority(fake: FakeFoundry, gw: RunningGateway) -
 def test_azure_errors_reach_the_client_as_anthropic_errors(
     model: str, status: int, exc: type[Exception], etype: str, stream: bool, fake: FakeFoundry, gw: RunningGateway
 ) -> None:
-    with pytest.raises(exc) as info:
-        if stream:
-            with via(gw).messages.stream(model=model, **KW) as s:
-                s.get_final_message()
-        else:
-            via(gw).messages.create(model=model, **KW)
-    err = info.value
-    assert isinstance(err, anthropic.APIStatusError) and err.status_code == status
+    err = sdk_error(via(gw), model, exc, stream=stream, **KW)
+    assert err.status_code == status
     assert err.body["type"] == "error" and err.body["error"]["type"] == etype  # type: ignore[index]
     assert "not-the-key" not in str(err.body) and "foundry-key" not in str(err.body)
     if model == "fake-azure-429":

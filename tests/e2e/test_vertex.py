@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from adapters._google import GoogleTokenSource
-from tests.conftest import RunningGateway, run_gateway
+from tests.conftest import RunningGateway, run_gateway, sdk_error
 from tests.fakes.vertex import FakeVertex
 
 KW: dict[str, Any] = {"max_tokens": 1024, "messages": [{"role": "user", "content": "Hello"}]}
@@ -137,14 +137,7 @@ def test_count_tokens_keeps_the_model(fake: FakeVertex, gw: RunningGateway) -> N
 def test_google_and_model_errors_reach_the_client_as_anthropic_errors(
     model: str, status: int, exc: type[Exception], etype: str, stream: bool, fake: FakeVertex, gw: RunningGateway
 ) -> None:
-    with pytest.raises(exc) as info:
-        if stream:
-            with via(gw).messages.stream(model=model, **KW) as s:
-                s.get_final_message()
-        else:
-            via(gw).messages.create(model=model, **KW)
-    err = info.value
-    assert isinstance(err, anthropic.APIStatusError)
+    err = sdk_error(via(gw), model, exc, stream=stream, **KW)
     assert err.status_code == status
     assert err.body["type"] == "error" and err.body["error"]["type"] == etype  # type: ignore[index]
     assert err.body["error"]["message"]  # type: ignore[index]
