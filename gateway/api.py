@@ -21,7 +21,7 @@ from gateway.usage import UsageTally
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
-__all__ = ["HANDLERS", "exception_handlers"]
+__all__ = ["HANDLERS", "error_response", "exception_handlers"]
 
 log = logging.getLogger("gateway")
 _encode = msgspec.json.Encoder().encode
@@ -33,7 +33,8 @@ def _gateway(request: Request[Any, Any, Any]) -> Gateway:
     return gw
 
 
-def _error_response(exc: GatewayError, request_id: str) -> Response[bytes]:
+def error_response(exc: GatewayError, request_id: str) -> Response[bytes]:
+    """``exc`` in the Anthropic envelope with its status and headers, and ``request-id``."""
     headers = dict(exc.headers)
     headers.setdefault("request-id", request_id)
     return Response(exc.render(request_id), status_code=exc.status_code, media_type=_JSON, headers=headers)
@@ -67,7 +68,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> Response[bytes]:
         tally = UsageTally(gw.metrics, alias=route.alias)
         reply = await pipeline.count_tokens(route, proxied, gw.metrics, tally, gw.resilience)
     except GatewayError as exc:
-        return _error_response(exc, rid)
+        return error_response(exc, rid)
     return Response(
         reply.body, status_code=reply.status, media_type=_JSON, headers={"request-id": rid, **reply.headers}
     )
@@ -90,7 +91,7 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     try:
         _, key = authenticate(gw.keys, request.headers)
     except GatewayError as exc:
-        return _error_response(exc, rid)
+        return error_response(exc, rid)
     params = request.query_params
     data = [_model_info(route) for route in gw.routes.aliases() if may_use(key, route, route.alias)]
     ids = [m["id"] for m in data]
@@ -101,7 +102,7 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     try:
         limit = max(1, min(1000, int(params.get("limit", "20"))))
     except ValueError:
-        return _error_response(InvalidRequest("limit must be an integer"), rid)
+        return error_response(InvalidRequest("limit must be an integer"), rid)
     page, has_more = data[:limit], len(data) > limit
     body = {
         "data": page,
@@ -123,7 +124,7 @@ async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[
         if not may_use(key, route, model_id):  # as if it did not exist: the key cannot list it either
             raise NotFound(f"model {model_id!r} is not served by this gateway (see GET /v1/models)")
     except GatewayError as exc:
-        return _error_response(exc, rid)
+        return error_response(exc, rid)
     info = _model_info(route, None if model_id == route.alias else model_id)
     return Response(_encode(info), media_type=_JSON, headers={"request-id": rid})
 
@@ -146,7 +147,7 @@ def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Resp
     else:
         error = GatewayError(message)
         error.status_code, error.error_type = status, error_type_for_status(status)
-    return _error_response(error, new_request_id())
+    return error_response(error, new_request_id())
 
 
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:

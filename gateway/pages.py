@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from litestar import Request, Response, get
 
+from gateway.api import error_response
 from gateway.errors import NotFound, new_request_id
 
 if TYPE_CHECKING:
@@ -58,11 +59,7 @@ def _serve(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
     gw: Gateway = request.app.state.gateway
     found = asset(name) if gw.settings.server.ui else None
     if found is None:
-        rid = new_request_id()
-        error = NotFound(f"no route for GET {request.url.path}")
-        return Response(
-            error.render(rid), status_code=404, media_type="application/json", headers={"request-id": rid}
-        )
+        return error_response(NotFound(f"no route for GET {request.url.path}"), new_request_id())
     body, content_type = found
     return Response(body, media_type=content_type, headers=_HEADERS)
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from litestar import Request, Response, get
 
+from gateway.api import error_response
 from gateway.edge import authenticate
 from gateway.errors import GatewayError, new_request_id
 
@@ -75,9 +76,7 @@ async def gateway_status(request: Request[Any, Any, Any]) -> Response[bytes]:
     try:
         authenticate(gw.keys, request.headers)
     except GatewayError as exc:
-        return Response(
-            exc.render(rid), status_code=exc.status_code, media_type="application/json", headers={"request-id": rid}
-        )
+        return error_response(exc, rid)
     return Response(_encode(status_document(gw)), media_type="application/json", headers={"request-id": rid})
 
 
