@@ -290,14 +290,3 @@ export class SSEParser {
     else if (field === "data") this.data.push(value);
   }
 }
-
-// A whole recorded stream (text) folded at once: for tests and for replaying a saved answer.
-export function foldText(text) {
-  const answer = newAnswer();
-  const parser = new SSEParser();
-  for (const { data } of [...parser.push(text), ...parser.finish()]) {
-    foldEvent(answer, JSON.parse(data));
-  }
-  finish(answer);
-  return answer;
-}

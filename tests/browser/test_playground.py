@@ -328,3 +328,28 @@ def test_stop_leaves_the_partial_answer_marked_incomplete(page: Any, ui_gateway:
     assert page.is_enabled("#send") and page.is_disabled("#stop")
     page.wait_for_timeout(300)  # nothing more arrives after the stop
     assert page.get_attribute("#state", "data-state") == "incomplete"
+
+
+def test_an_uploaded_text_file_becomes_a_plain_text_document(
+    page: Any, ui_gateway: RunningGateway, tmp_path: Any
+) -> None:
+    open_playground(page, ui_gateway)
+    notes = tmp_path / "Field notes.txt"
+    notes.write_text(SOLAR, encoding="utf-8")
+    page.set_input_files("#upload", str(notes))
+    item = page.locator("#documents li").nth(1)
+    item.wait_for()
+    assert item.locator("[name=title]").input_value() == "Field notes"
+    assert item.locator("[name=kind]").input_value() == "text"
+    assert item.locator("[name=text]").input_value() == SOLAR
+    page.select_option("#model", "claude-fast")
+    with page.expect_request("**/v1/messages") as sent:
+        page.click("#send")
+    docs = [b for b in json.loads(sent.value.post_data)["messages"][0]["content"] if b["type"] == "document"]
+    assert docs[1] == {
+        "type": "document",
+        "source": {"type": "text", "media_type": "text/plain", "data": SOLAR},
+        "citations": {"enabled": True},
+        "title": "Field notes",
+    }
+    page.wait_for_selector("#state[data-state='complete']")

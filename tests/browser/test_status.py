@@ -9,7 +9,8 @@ import httpx
 from playwright.sync_api import expect
 
 from tests.browser.conftest import ARTIFACTS
-from tests.conftest import RunningGateway
+from tests.conftest import RunningGateway, run_gateway
+from tests.fakes.claude_api import FakeClaudeAPI
 
 ASK = {"max_tokens": 64, "messages": [{"role": "user", "content": "hello"}]}
 
@@ -69,18 +70,31 @@ def test_status_page_lists_routes_and_follows_the_metrics_live(page: Any, ui_gat
     page.screenshot(path=str(ARTIFACTS / "status.png"), full_page=True)
 
 
-def test_status_page_shows_a_cooling_target(page: Any, ui_gateway: RunningGateway) -> None:
-    # claude-flaky's target answers with a mid-stream error: a failure on its breaker's record
-    key = {"x-api-key": "ui-key"}
-    body = {"model": "claude-flaky", "stream": True, **ASK}
-    assert httpx.post(f"{ui_gateway.url}/v1/messages", json=body, headers=key).status_code == 200
-    page.goto(f"{ui_gateway.url}/status")
-    page.fill("#key", "ui-key")
-    page.dispatch_event("#key", "change")
-    row = page.locator("section.alias[data-alias='claude-flaky'] tbody tr").first
-    row.wait_for()
-    status = httpx.get(f"{ui_gateway.url}/v1/gateway/status", headers=key).json()
-    target = next(a for a in status["aliases"] if a["alias"] == "claude-flaky")["targets"][0]
-    assert target["failures"] >= 1
-    cells = row.locator("td").all_inner_texts()
-    assert cells[2] == f"{target['success_rate'] * 100:.1f} %"
+def test_status_page_shows_a_cooling_target_and_its_recovery_state(page: Any, fake_claude: FakeClaudeAPI) -> None:
+    """One upstream failure opens this breaker (threshold 1): the page shows the target cooling down, with
+    the seconds left from the API, and its failed request; the healthy alias beside it stays healthy."""
+    config = f"""
+resilience: {{retry: {{max_attempts: 1}}, breaker: {{failure_threshold: 1, cooldown_s: 600}}}}
+providers:
+  upstream: {{kind: anthropic, api_key: provider-key, base_url: "{fake_claude.base_url}"}}
+  fast: {{kind: mock}}
+models:
+  broken: {{targets: [{{provider: upstream, model: fake-status-529}}]}}
+  fine: {{targets: [{{provider: fast}}]}}
+"""
+    with run_gateway(config) as gw:
+        assert httpx.post(f"{gw.url}/v1/messages", json={"model": "broken", **ASK}).status_code == 529
+        page.goto(f"{gw.url}/status")
+        broken = page.locator("section.alias[data-alias='broken'] tbody tr").first
+        broken.wait_for()
+        assert broken.get_attribute("data-state") == "open"
+        cells = broken.locator("td").all_inner_texts()
+        left = next(a for a in httpx.get(f"{gw.url}/v1/gateway/status").json()["aliases"] if a["alias"] == "broken")
+        assert left["targets"][0]["state"] == "open"
+        assert cells[1].startswith("cooling down (") and cells[1].endswith(" s left)")
+        assert abs(float(cells[1][len("cooling down (") : -len(" s left)")]) - 600) < 30
+        assert cells[2] == "0.0 %"
+        assert "upstream_error 1" in cells[5]
+        fine = page.locator("section.alias[data-alias='fine'] tbody tr").first
+        assert fine.get_attribute("data-state") == "closed"
+        assert fine.locator("td").nth(1).inner_text() == "healthy"
