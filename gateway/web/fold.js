@@ -72,8 +72,9 @@ function addCitation(answer, block, index, citation) {
   return n;
 }
 
-// Folds one parsed event (`{type, ...}`) into `answer`; returns what changed: {block: index},
-// {usage: true}, {status: true}, {error: true}, or {} when nothing did (ping, unknown events).
+// Folds one parsed event (`{type, ...}`) into `answer`; returns what changed: {block: index} (plus
+// citation: true when a citation was added), {usage: true}, {status: true}, {error: true}, or {} when
+// nothing did (ping, unknown events).
 export function foldEvent(answer, event, now = 0) {
   const type = event && event.type;
   if (type === "ping") return {};
@@ -103,10 +104,9 @@ export function foldEvent(answer, event, now = 0) {
       }
       const block = newBlock(event.content_block || {});
       answer.blocks[index] = block;
-      for (const citation of (event.content_block && event.content_block.citations) || []) {
-        addCitation(answer, block, index, citation);
-      }
-      return { block: index };
+      const citations = (event.content_block && event.content_block.citations) || [];
+      for (const citation of citations) addCitation(answer, block, index, citation);
+      return citations.length ? { block: index, citation: true } : { block: index };
     }
     case "content_block_delta": {
       const index = event.index;
@@ -122,7 +122,7 @@ export function foldEvent(answer, event, now = 0) {
           break;
         case "citations_delta":
           addCitation(answer, block, index, delta.citation || {});
-          break;
+          return { block: index, citation: true };
         case "thinking_delta":
           block.thinking += delta.thinking;
           if (answer.firstTokenAt === null) answer.firstTokenAt = now;

@@ -350,10 +350,8 @@ document.addEventListener("keydown", (e) => {
 // --- asking ----------------------------------------------------------------------------------
 
 function apply(change, answer) {
-  if (change.block !== undefined) {
-    renderBlock(change.block);
-    renderSources();
-  }
+  if (change.block !== undefined) renderBlock(change.block);
+  if (change.citation) renderSources(); // only a new citation changes the source panel
   if (change.usage) renderUsage(answer);
   if (change.status && answer.status === "streaming") setState("streaming", "Streaming…");
   renderTimes(answer);

@@ -243,3 +243,11 @@ def test_sse_parser_multiline_data_comments_and_a_last_frame_without_its_blank_l
         }"""
     )
     assert result == [{"event": "a", "data": '{"x":\n1}'}, {"event": "b", "data": "2"}]
+
+
+def test_only_citations_are_reported_as_changing_the_sources(fold_page: Any) -> None:
+    text = (FIXTURES / "fake-citations.sse").read_text("utf-8")
+    got = fold(fold_page, text)
+    flagged = [c for c in got["changes"] if c.get("citation")]
+    assert len(flagged) == len(got["citations"]) > 0
+    assert all("block" in c for c in flagged)
