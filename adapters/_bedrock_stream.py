@@ -11,7 +11,7 @@ import msgspec
 
 from gateway.errors import UpstreamStatusError, error_frame, error_type_for_status
 from gateway.events import Batch, ErrorDetail, ErrorEvent, EventView, Usage, decode_views, encode_event
-from gateway.sse import encode_frames
+from gateway.sse import encode_frames, frame_header
 from gateway.upstream import StreamInterrupted, UpstreamResponse
 from gateway.usage import fold_usage
 
@@ -76,10 +76,12 @@ decode_json = msgspec.json.Decoder(dict[str, Any]).decode
 _encode = msgspec.json.Encoder().encode
 
 _chunk_events: Callable[[list[bytes]], list[bytes] | None] | None
+_chunk_batch: Callable[[list[bytes]], tuple[bytes, bytes, bytes, int, int] | None] | None
 try:  # the chunks of Bedrock's exact shape decoded in C (adapters/_eventstream_c.c); msgspec for the rest
+    from ._eventstream_c import chunk_batch as _chunk_batch
     from ._eventstream_c import chunk_events as _chunk_events
 except ImportError:  # pragma: no cover - no compiler where it was installed
-    _chunk_events = None
+    _chunk_events = _chunk_batch = None
 
 
 def _error_data(error_type: str, message: str) -> bytes:
@@ -153,6 +155,15 @@ class BedrockEventStream:
                     else:
                         failure = self._failure(EventStreamMessage(headers, payload))
                         break
+                if failure is None and payloads and _chunk_batch is not None:
+                    fast = self._fast_batch(payloads, start, previous)
+                    if fast is not None:
+                        views = fast.views
+                        if start is None and views[0].type == "message_start":
+                            start = views[0]
+                        yield fast
+                        previous = views
+                        continue
                 datas = self._chunk_datas(payloads) if payloads else []
                 if failure is None and len(datas) < len(payloads):
                     failure = _error_data("api_error", f"provider {self._name!r}: undecodable event-stream chunk")
@@ -185,6 +196,31 @@ class BedrockEventStream:
                 message = f"provider {self._name!r}: connection lost inside an event-stream frame"
                 raise StreamInterrupted(message) from exc
             raise
+
+    def _fast_batch(self, payloads: list[bytes], start: EventView | None, previous: list[EventView]) -> Batch | None:
+        """The batch of a read of chunk frames only, built in C without an object per event
+        (``_eventstream_c.chunk_batch``) when the events are in the shape Bedrock sends: each begins with
+        its ``type``, is on one line, and the metrics, if any, are in the final ``message_stop`` alone.
+        None for anything else: the general path below handles it (and counts a metrics mismatch once)."""
+        assert _chunk_batch is not None
+        built = _chunk_batch(payloads)
+        if built is None:
+            return None
+        array, raw, names, last_at, last_frame_at = built
+        views = decode_views([], array)  # [] when an event is malformed
+        if len(views) != len(payloads) or names != "\n".join([v.type for v in views]).encode():
+            return None
+        metrics_at = array.find(_METRICS_BYTES)
+        if metrics_at >= 0:
+            if metrics_at < last_at or views[-1].type != "message_stop":
+                return None
+            if array.find(_METRICS_BYTES, metrics_at + 1) >= 0:
+                return None
+            if start is None and views[0].type == "message_start":
+                start = views[0]
+            data = self._strip_metrics(array[last_at:-1], start, previous + views[:-1])
+            raw = raw[:last_frame_at] + frame_header("message_stop") + data + b"\n\n"
+        return Batch(views, None, raw)
 
     def _rewrite(
         self, views: list[EventView], datas: list[bytes], start: EventView | None, previous: list[EventView]

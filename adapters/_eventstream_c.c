@@ -363,48 +363,54 @@ static void b64_init(void)
 #define CHUNK_HEAD_LENGTH (sizeof CHUNK_HEAD - 1)
 #define CHUNK_PAD_LENGTH (sizeof CHUNK_PAD - 1)
 
-/* The decoded bytes of one payload, or NULL with no exception set when it is not of the shape (or NULL
- * with an exception when out of memory). */
-static PyObject *chunk_event(const unsigned char *p, Py_ssize_t n)
+/* Where the base64 of one payload is (``*digits``, ``*length``; ``*pads``: its trailing '=' count) and
+ * how many bytes it decodes to; -1 when the payload is not of the shape. */
+static Py_ssize_t chunk_shape(const unsigned char *p, Py_ssize_t n, const unsigned char **digits_out,
+                              Py_ssize_t *length_out, Py_ssize_t *pads_out)
 {
     if (n < (Py_ssize_t)CHUNK_HEAD_LENGTH + 2 || memcmp(p, CHUNK_HEAD, CHUNK_HEAD_LENGTH) != 0)
-        return NULL;
+        return -1;
     const unsigned char *digits = p + CHUNK_HEAD_LENGTH, *end = p + n;
     const unsigned char *quote = memchr(digits, '"', (size_t)(end - digits));
     if (quote == NULL)
-        return NULL;
+        return -1;
     /* after the base64: "}" alone, or ,"p":"<padding>"} */
     const unsigned char *rest = quote + 1;
     if (end - rest == 1) {
         if (rest[0] != '}')
-            return NULL;
+            return -1;
     }
     else {
         if (end - rest < (Py_ssize_t)CHUNK_PAD_LENGTH + 2 || memcmp(rest, CHUNK_PAD, CHUNK_PAD_LENGTH) != 0 ||
             end[-2] != '"' || end[-1] != '}')
-            return NULL;
+            return -1;
         for (const unsigned char *c = rest + CHUNK_PAD_LENGTH; c < end - 2; c++)
             if (!pad_ok[*c])
-                return NULL;
+                return -1;
     }
     const Py_ssize_t length = quote - digits;
     if (length % 4 != 0)
-        return NULL;
+        return -1;
     Py_ssize_t pads = 0;
     if (length > 0 && digits[length - 1] == '=')
         pads = digits[length - 2] == '=' ? 2 : 1;
-    const Py_ssize_t out_length = length / 4 * 3 - pads;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, out_length);
-    if (out == NULL)
-        return NULL;
-    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    *digits_out = digits;
+    *length_out = length;
+    *pads_out = pads;
+    return length / 4 * 3 - pads;
+}
+
+/* Decode canonical base64 (``length`` digits, the last ``pads`` of them '=') into ``o``; -1 when a digit
+ * is not base64 or the unused bits of the last quad are not zero. */
+static int b64_decode(const unsigned char *digits, Py_ssize_t length, Py_ssize_t pads, unsigned char *o)
+{
     const Py_ssize_t full = pads ? length - 4 : length; /* the quads without '=' */
     Py_ssize_t i = 0;
     for (; i < full; i += 4) {
         const unsigned a = b64_values[digits[i]], b = b64_values[digits[i + 1]], c = b64_values[digits[i + 2]],
                        d = b64_values[digits[i + 3]];
         if ((a | b | c | d) & 0x80)
-            goto reject;
+            return -1;
         const uint32_t v = (a << 18) | (b << 12) | (c << 6) | d;
         *o++ = (unsigned char)(v >> 16);
         *o++ = (unsigned char)(v >> 8);
@@ -413,25 +419,40 @@ static PyObject *chunk_event(const unsigned char *p, Py_ssize_t n)
     if (pads) { /* the last quad: xx== or xxx=, with the unused bits zero (the canonical form) */
         const unsigned a = b64_values[digits[i]], b = b64_values[digits[i + 1]];
         if ((a | b) & 0x80)
-            goto reject;
+            return -1;
         if (pads == 2) {
             if (b & 0x0F)
-                goto reject;
+                return -1;
             *o++ = (unsigned char)((a << 2) | (b >> 4));
         }
         else {
             const unsigned c = b64_values[digits[i + 2]];
             if ((c & 0x80) || (c & 0x03))
-                goto reject;
+                return -1;
             *o++ = (unsigned char)((a << 2) | (b >> 4));
             *o++ = (unsigned char)(((b & 0x0F) << 4) | (c >> 2));
         }
     }
-    return out;
+    return 0;
+}
 
-reject:
-    Py_DECREF(out);
-    return NULL;
+/* The decoded bytes of one payload, or NULL with no exception set when it is not of the shape (or NULL
+ * with an exception when out of memory). */
+static PyObject *chunk_event(const unsigned char *p, Py_ssize_t n)
+{
+    const unsigned char *digits;
+    Py_ssize_t length, pads;
+    const Py_ssize_t out_length = chunk_shape(p, n, &digits, &length, &pads);
+    if (out_length < 0)
+        return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, out_length);
+    if (out == NULL)
+        return NULL;
+    if (b64_decode(digits, length, pads, (unsigned char *)PyBytes_AS_STRING(out)) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
 }
 
 PyDoc_STRVAR(chunk_events_doc,
@@ -472,11 +493,127 @@ static PyObject *chunk_events(PyObject *module, PyObject *payloads)
     return out;
 }
 
+/* ``chunk_batch``: a whole read of chunk payloads straight to what the gateway forwards, with no object per
+ * event: the events as one JSON array (for the partial decode), their canonical SSE frames, and their
+ * names. Each event must begin ``{"type":"<name>"`` (name: 1-64 of [a-z_]) and hold no CR or LF, the
+ * shape Bedrock sends; anything else is None, and the caller takes the general path. */
+#define TYPE_HEAD "{\"type\":\"" /* 9 bytes */
+#define TYPE_HEAD_LENGTH (sizeof TYPE_HEAD - 1)
+#define MAX_NAME_LENGTH 64
+
+PyDoc_STRVAR(chunk_batch_doc,
+"chunk_batch(payloads, /) -> (array, sse, names, last_at, last_frame_at) | None\n\n"
+"For chunk payloads that ``chunk_events`` decodes, when every event begins ``{\"type\":\"<name>\"`` (name of\n"
+"1-64 characters of a-z and _) and holds no CR or LF: the events as one JSON array ``[e1,e2,...]``, as\n"
+"canonical SSE (``event: <name>\\ndata: <event>\\n\\n`` each), their names joined by ``\\n``, the offset of\n"
+"the last event in the array and of its frame in the SSE. None otherwise (and for an empty list).");
+
+static PyObject *chunk_batch(PyObject *module, PyObject *payloads)
+{
+    (void)module;
+    if (!PyList_Check(payloads)) {
+        PyErr_Format(PyExc_TypeError, "chunk_batch() argument must be list, not %.100s",
+                     Py_TYPE(payloads)->tp_name);
+        return NULL;
+    }
+    const Py_ssize_t count = PyList_GET_SIZE(payloads);
+    if (count == 0)
+        Py_RETURN_NONE;
+    /* per event: its offset in the array (count + 1 entries, the last one past the end) and name length */
+    Py_ssize_t *offsets = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(2 * count + 1));
+    if (offsets == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t *names = offsets + count + 1;
+    PyObject *array = NULL, *sse = NULL, *joined = NULL, *result = NULL;
+
+    Py_ssize_t total = 1; /* '[' */
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *payload = PyList_GET_ITEM(payloads, k);
+        if (!PyBytes_Check(payload)) {
+            PyErr_Format(PyExc_TypeError, "chunk_batch() items must be bytes, not %.100s",
+                         Py_TYPE(payload)->tp_name);
+            goto done;
+        }
+        const unsigned char *digits;
+        Py_ssize_t length, pads;
+        const Py_ssize_t n = chunk_shape((const unsigned char *)PyBytes_AS_STRING(payload),
+                                         PyBytes_GET_SIZE(payload), &digits, &length, &pads);
+        if (n < 0)
+            goto none;
+        offsets[k] = total;
+        total += n + 1; /* the event and ',' (or ']') */
+    }
+    offsets[count] = total;
+    if ((array = PyBytes_FromStringAndSize(NULL, total)) == NULL)
+        goto done;
+    unsigned char *a = (unsigned char *)PyBytes_AS_STRING(array);
+    a[0] = '[';
+    Py_ssize_t names_total = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *payload = PyList_GET_ITEM(payloads, k);
+        const unsigned char *digits;
+        Py_ssize_t length, pads;
+        chunk_shape((const unsigned char *)PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), &digits, &length,
+                    &pads);
+        unsigned char *event = a + offsets[k];
+        const Py_ssize_t n = offsets[k + 1] - offsets[k] - 1;
+        if (b64_decode(digits, length, pads, event) < 0)
+            goto none;
+        event[n] = k + 1 < count ? ',' : ']';
+        if (n < (Py_ssize_t)TYPE_HEAD_LENGTH + 2 || memcmp(event, TYPE_HEAD, TYPE_HEAD_LENGTH) != 0 ||
+            memchr(event, '\n', (size_t)n) != NULL || memchr(event, '\r', (size_t)n) != NULL)
+            goto none;
+        Py_ssize_t m = 0;
+        const unsigned char *name = event + TYPE_HEAD_LENGTH;
+        while (m < n - (Py_ssize_t)TYPE_HEAD_LENGTH && m <= MAX_NAME_LENGTH &&
+               ((name[m] >= 'a' && name[m] <= 'z') || name[m] == '_'))
+            m++;
+        if (m == 0 || m > MAX_NAME_LENGTH || m >= n - (Py_ssize_t)TYPE_HEAD_LENGTH || name[m] != '"')
+            goto none;
+        names[k] = m;
+        names_total += m;
+    }
+    /* "event: " name "\ndata: " event "\n\n" */
+    const Py_ssize_t sse_total = (total - 1 - count) + names_total + 16 * count;
+    if ((sse = PyBytes_FromStringAndSize(NULL, sse_total)) == NULL ||
+        (joined = PyBytes_FromStringAndSize(NULL, names_total + count - 1)) == NULL)
+        goto done;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(sse), *j = (unsigned char *)PyBytes_AS_STRING(joined);
+    Py_ssize_t last_frame_at = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const unsigned char *event = a + offsets[k];
+        const Py_ssize_t n = offsets[k + 1] - offsets[k] - 1, m = names[k];
+        last_frame_at = o - (unsigned char *)PyBytes_AS_STRING(sse);
+        memcpy(o, "event: ", 7);
+        memcpy(o + 7, event + TYPE_HEAD_LENGTH, (size_t)m);
+        memcpy(o + 7 + m, "\ndata: ", 7);
+        memcpy(o + 14 + m, event, (size_t)n);
+        memcpy(o + 14 + m + n, "\n\n", 2);
+        o += 16 + m + n;
+        if (k)
+            *j++ = '\n';
+        memcpy(j, event + TYPE_HEAD_LENGTH, (size_t)m);
+        j += m;
+    }
+    result = Py_BuildValue("(OOOnn)", array, sse, joined, offsets[count - 1], last_frame_at);
+    goto done;
+
+none:
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_Free(offsets);
+    Py_XDECREF(array);
+    Py_XDECREF(sse);
+    Py_XDECREF(joined);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL, scan_doc},
     {"crc32", (PyCFunction)(void (*)(void))crc32_py, METH_FASTCALL, crc32_doc},
     {"_crc32_table", (PyCFunction)(void (*)(void))crc32_table_py, METH_FASTCALL, crc32_table_doc},
     {"chunk_events", (PyCFunction)chunk_events, METH_O, chunk_events_doc},
+    {"chunk_batch", (PyCFunction)chunk_batch, METH_O, chunk_batch_doc},
     {NULL, NULL, 0, NULL},
 };
 
