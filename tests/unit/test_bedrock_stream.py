@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 from unittest import mock
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from adapters import _bedrock_stream
 from adapters._bedrock_stream import BedrockEventStream
 from adapters._eventstream import encode_message
+from gateway.sse import encode_frames
 from gateway.validate import StreamValidator
 from tests.fakes.claude_api import get_scenario
 from tests.unit.test_eventstream import C
@@ -336,3 +338,163 @@ def test_a_text_quoting_the_metrics_key_is_kept_and_the_metrics_still_stripped(s
     got = run(parts, lambda: seen.append(1))
     assert got == expected(events)
     assert seen == [1]
+
+
+# A read of chunk frames only goes out through ``_eventstream_c.chunk_batch`` (one JSON array, the SSE and
+# the names built in C); every other read takes the general path. Both must give the same batches.
+
+
+def cbody(events: list[dict[str, Any]] = EVENTS, metrics: dict[str, int] | None = None) -> bytes:
+    """``body`` with the chunk payloads in Bedrock's exact shape (what the C path takes)."""
+    frames = []
+    for i, event in enumerate(events):
+        if event["type"] == "message_stop" and metrics is not None:
+            event = {**event, "amazon-bedrock-invocationMetrics": metrics}
+        frames.append(c_chunk(event, "p" * (i % 7) if i % 5 else None))
+    return b"".join(frames)
+
+
+def run_batches(parts: list[bytes], fast: bool) -> tuple[list[tuple[list[Any], bytes]], int]:
+    """Every batch as (views as builtins, SSE), and how many metrics mismatches were counted."""
+    seen: list[int] = []
+
+    async def main() -> list[tuple[list[Any], bytes]]:
+        stream = BedrockEventStream(Resp(parts), "bedrock", lambda: seen.append(1))  # type: ignore[arg-type]
+        out = []
+        async for batch in stream.batches():
+            raw = batch.raw if batch.raw is not None else encode_frames(batch.views, batch.datas)
+            out.append(([msgspec.to_builtins(v) for v in batch.views], raw))
+        return out
+
+    if fast:
+        return asyncio.run(main()), len(seen)
+    with mock.patch.object(_bedrock_stream, "_chunk_batch", None):
+        return asyncio.run(main()), len(seen)
+
+
+def test_the_whole_batch_is_built_in_c_when_built() -> None:
+    if C is None:
+        assert _bedrock_stream._chunk_batch is None
+        return
+    assert _bedrock_stream._chunk_batch is C.chunk_batch
+    calls: list[int] = []
+    real = C.chunk_batch
+
+    def spy(payloads: list[bytes]) -> Any:
+        result = real(payloads)
+        calls.append(result is not None)
+        return result
+
+    data = cbody(metrics=_usage_metrics())
+    with mock.patch.object(_bedrock_stream, "_chunk_batch", spy):
+        fast = run_batches([data], True)
+    assert calls == [True]  # the first frame's headers were learnt in the same read
+    assert fast == run_batches([data], False)
+    assert fast[1] == 0 and len(fast[0]) == 1
+
+
+_event_text = st.text(alphabet=st.sampled_from('ab é\n\r"\\\t€😀'), max_size=12)
+
+
+@needs_c
+@settings(max_examples=150, deadline=None)
+@given(
+    texts=st.lists(_event_text, min_size=1, max_size=6),
+    cuts=st.lists(st.integers(min_value=1, max_value=4000), max_size=4),
+    metrics_out=st.sampled_from([None, 0, 1]),
+    quote_metrics=st.booleans(),
+    reorder=st.booleans(),
+)
+def test_c_batches_equal_the_general_path(
+    texts: list[str], cuts: list[int], metrics_out: int | None, quote_metrics: bool, reorder: bool
+) -> None:
+    """Random texts (newlines, escapes, non-ASCII), metrics present or not and matching or not, a text that
+    quotes the metrics key, an event whose ``type`` is not its first member, any chunking: the same views,
+    SSE and mismatch count with chunk_batch as without it."""
+    events: list[dict[str, Any]] = [
+        EVENTS[0],
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    ]
+    for text in texts:
+        events.append({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}})
+    if quote_metrics:
+        events.append(
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": "amazon-bedrock-invocationMetrics"},
+            }
+        )
+    if reorder:
+        events.append({"index": 0, "type": "content_block_delta", "delta": {"type": "text_delta", "text": "x"}})
+    usage = {"output_tokens": 7}
+    events += [
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None}, "usage": usage},
+        {"type": "message_stop"},
+    ]
+    metrics = (
+        None
+        if metrics_out is None
+        else {
+            **METRICS,
+            "inputTokenCount": EVENTS[0]["message"]["usage"]["input_tokens"],
+            "outputTokenCount": 7 + metrics_out,
+        }
+    )
+    data = cbody(events, metrics)
+    parts, at = [], 0
+    for cut in sorted(set(cuts)):
+        if at < cut < len(data):
+            parts.append(data[at:cut])
+            at = cut
+    parts.append(data[at:])
+    fast, slow = run_batches(parts, True), run_batches(parts, False)
+    assert fast == slow
+    assert fast[1] == (metrics_out or 0)
+    sse = b"".join(raw for _, raw in fast[0])
+    assert b"amazon-bedrock-invocationMetrics" not in sse.replace(b'"text":"amazon-bedrock-invocationMetrics"', b"")
+
+
+CHUNK_BATCH_NONE = {
+    "type not first": b'{"index":0,"type":"ping"}',
+    "upper-case name": b'{"type":"Ping"}',
+    "digit in name": b'{"type":"ping2"}',
+    "empty name": b'{"type":""}',
+    "escaped name": b'{"type":"p\\u0069ng"}',
+    "name too long": b'{"type":"' + b"a" * 65 + b'"}',
+    "line feed": b'{"type":"ping",\n"x":1}',
+    "carriage return": b'{"type":"ping","x":"\r"}',
+    "space after brace": b'{ "type":"ping"}',
+    "unterminated name": b'{"type":"ping',
+}
+
+
+@needs_c
+@pytest.mark.parametrize("event", list(CHUNK_BATCH_NONE.values()), ids=list(CHUNK_BATCH_NONE))
+def test_chunk_batch_leaves_other_events_to_the_general_path(event: bytes) -> None:
+    assert C is not None
+    assert C.chunk_batch([canonical(b'{"type":"ping"}'), canonical(event)]) is None
+    assert C.chunk_events([canonical(event)]) == [event]  # still a chunk: only the fast path declines
+
+
+@needs_c
+def test_chunk_batch_layout() -> None:
+    assert C is not None
+    events = [
+        b'{"type":"message_start","message":{}}',
+        b'{"type":"a_b"}',
+        b'{"type":"' + b"z" * 64 + b'","x":"\xc3\xa9"}',
+    ]
+    array, sse, names, last_at, last_frame_at = C.chunk_batch([canonical(e, None) for e in events])
+    assert array == b"[" + b",".join(events) + b"]"
+    assert sse == b"".join(b"event: " + e[9 : e.index(b'"', 9)] + b"\ndata: " + e + b"\n\n" for e in events)
+    assert names == b"message_start\na_b\n" + b"z" * 64
+    assert array[last_at:-1] == events[-1]
+    assert sse[last_frame_at:] == b"event: " + b"z" * 64 + b"\ndata: " + events[-1] + b"\n\n"
+    assert C.chunk_batch([]) is None
+    assert C.chunk_batch([canonical(b'{"type":"ping"}'), b'{"bytes":"QU!D"}']) is None  # not a chunk of the shape
+    with pytest.raises(TypeError):
+        C.chunk_batch((canonical(b"{}"),))
+    with pytest.raises(TypeError):
+        C.chunk_batch([canonical(b'{"type":"ping"}'), "text"])
