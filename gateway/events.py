@@ -16,6 +16,7 @@ raw bytes go through untouched.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
@@ -331,11 +332,44 @@ def decode_view(data: bytes) -> EventView:
     return _decode_view(data)
 
 
+# A delta's view depends only on its prefix (``{"type":"content_block_delta","index":N,"delta":{"type":"t",``),
+# so the views of deltas are cached by it and shared: nobody mutates a view that has a type. Bounded: the
+# keys are a stream's block indexes times its delta types, and a full cache only stops growing.
+_VIEW_CACHE: dict[bytes, EventView] = {}
+_VIEW_CACHE_SIZE = 4096
+
+_Scanned = tuple[list[Any], bytes | None, list[tuple[int, bytes | None]]]
+_scan_views: Callable[[bytes, dict[bytes, Any]], _Scanned | None] | None
+try:  # the deltas answered from the cache in C (gateway/_views_c.c); msgspec decodes the rest
+    from ._views_c import scan_views as _scan_views
+except ImportError:  # pragma: no cover - no compiler where it was installed
+    _scan_views = None
+
+
 def decode_views(datas: list[bytes], array: bytes | None = None) -> list[EventView]:
     """Partially decode many events in one call (``array``: the same data as one JSON array, if at hand);
     a malformed event becomes the shared untyped ``MALFORMED`` view."""
+    if array is None:
+        array = b"[" + b",".join(datas) + b"]"
+    if _scan_views is not None:
+        scanned = _scan_views(array, _VIEW_CACHE)
+        if scanned is not None:
+            views, rest, misses = scanned
+            if rest is None:
+                return views  # every item a cached EventView
+            try:
+                decoded = _decode_views(rest)
+            except msgspec.DecodeError:
+                decoded = []  # a malformed event: the whole array below, event by event if need be
+            if len(decoded) == len(misses):
+                cache = _VIEW_CACHE
+                for (at, key), view in zip(misses, decoded, strict=True):
+                    views[at] = view
+                    if key is not None and len(cache) < _VIEW_CACHE_SIZE:
+                        cache[key] = view
+                return views
     try:
-        return _decode_views(array if array is not None else b"[" + b",".join(datas) + b"]")
+        return _decode_views(array)
     except msgspec.DecodeError:
         views = []
         for data in datas:

@@ -1,0 +1,316 @@
+/* The partial decode of a batch's events (gateway/events.py ``decode_views``), for its commonest event.
+ *
+ * Nearly every event of a stream is a delta of one shape, ``{"type":"content_block_delta","index":N,
+ * "delta":{"type":"<t>","<key>":"<string>"}}``, and its partial view depends on N and <t> only. ``scan_views``
+ * walks a JSON array of events, recognises those deltas strictly (the string's bytes are checked: printable
+ * ASCII, valid UTF-8, simple escapes; anything else is not "of the shape") and answers each with the view
+ * cached for its prefix; every other event (and a delta whose prefix is not cached yet) is handed back, its
+ * exact bytes in a second JSON array, for msgspec to decode. The caller then caches the views of the deltas
+ * msgspec decoded. So an event either gets msgspec's own answer or the answer msgspec gave for an event with
+ * the same prefix, which is the same view.
+ *
+ * Optional: setup.py builds it when a C compiler is there; events.py uses msgspec alone without it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define DELTA_HEAD "{\"type\":\"content_block_delta\",\"index\":"
+#define DELTA_HEAD_LENGTH (sizeof DELTA_HEAD - 1)
+#define DELTA_MID ",\"delta\":{\"type\":\""
+#define DELTA_MID_LENGTH (sizeof DELTA_MID - 1)
+#define MAX_NAME 64
+#define MAX_DEPTH 64
+
+static int is_name(unsigned char c) { return (c >= 'a' && c <= 'z') || c == '_'; }
+
+/* The closing quote of a JSON string whose content starts at ``p``, if the content is strictly valid:
+ * no control character, valid UTF-8 (no overlong form, no surrogate), escapes only \" \\ \/ \b \f \n \r \t.
+ * NULL otherwise (the event is then left to msgspec, which may well accept it). */
+static const unsigned char *strict_string(const unsigned char *p, const unsigned char *end)
+{
+    while (p < end) {
+        const unsigned c = *p;
+        if (c == '"')
+            return p;
+        if (c == '\\') {
+            if (end - p < 2)
+                return NULL;
+            switch (p[1]) {
+            case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
+                p += 2;
+                continue;
+            default:
+                return NULL;
+            }
+        }
+        if (c < 0x20)
+            return NULL;
+        if (c < 0x80) {
+            p++;
+            continue;
+        }
+        const Py_ssize_t left = end - p;
+        if (c >= 0xC2 && c <= 0xDF) {
+            if (left < 2 || (p[1] & 0xC0) != 0x80)
+                return NULL;
+            p += 2;
+        }
+        else if (c >= 0xE0 && c <= 0xEF) {
+            if (left < 3 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (c == 0xE0 && p[1] < 0xA0) ||
+                (c == 0xED && p[1] > 0x9F))
+                return NULL;
+            p += 3;
+        }
+        else if (c >= 0xF0 && c <= 0xF4) {
+            if (left < 4 || (p[1] & 0xC0) != 0x80 || (p[2] & 0xC0) != 0x80 || (p[3] & 0xC0) != 0x80 ||
+                (c == 0xF0 && p[1] < 0x90) || (c == 0xF4 && p[1] > 0x8F))
+                return NULL;
+            p += 4;
+        }
+        else
+            return NULL;
+    }
+    return NULL;
+}
+
+/* A delta of the shape at ``p``: the end of the event (just after its "}}"), with ``*key_end`` the end of
+ * its prefix (just after the comma that follows the delta's type); NULL when the event is not one. */
+static const unsigned char *delta_event(const unsigned char *p, const unsigned char *end,
+                                        const unsigned char **key_end)
+{
+    const unsigned char *q = p;
+    if ((size_t)(end - q) < DELTA_HEAD_LENGTH || memcmp(q, DELTA_HEAD, DELTA_HEAD_LENGTH) != 0)
+        return NULL;
+    q += DELTA_HEAD_LENGTH;
+    if (q < end && *q == '0')
+        q++;
+    else if (q < end && *q >= '1' && *q <= '9') {
+        const unsigned char *digits = q;
+        while (q < end && *q >= '0' && *q <= '9')
+            q++;
+        if (q - digits > 9) /* an int of any size is msgspec's to judge */
+            return NULL;
+    }
+    else
+        return NULL;
+    if ((size_t)(end - q) < DELTA_MID_LENGTH || memcmp(q, DELTA_MID, DELTA_MID_LENGTH) != 0)
+        return NULL;
+    q += DELTA_MID_LENGTH;
+    const unsigned char *name = q;
+    while (q < end && q - name <= MAX_NAME && is_name(*q))
+        q++;
+    if (q == name || q - name > MAX_NAME || end - q < 3 || q[0] != '"' || q[1] != ',' || q[2] != '"')
+        return NULL;
+    *key_end = q + 2;
+    q += 3;
+    const unsigned char *key = q;
+    while (q < end && q - key <= MAX_NAME && is_name(*q))
+        q++;
+    if (q == key || q - key > MAX_NAME || end - q < 3 || q[0] != '"' || q[1] != ':' || q[2] != '"')
+        return NULL;
+    if (q - key == 4 && memcmp(key, "type", 4) == 0) /* a second "type": msgspec decides which counts */
+        return NULL;
+    q = strict_string(q + 3, end);
+    if (q == NULL || end - q < 3 || q[1] != '}' || q[2] != '}')
+        return NULL;
+    return q + 3;
+}
+
+/* The end of the object or array at ``p``, brackets matched and strings skipped (not validated: msgspec
+ * decodes these bytes); NULL when unbalanced, nested too deep or not an object or array. */
+static const unsigned char *skip_value(const unsigned char *p, const unsigned char *end)
+{
+    unsigned char closers[MAX_DEPTH];
+    int depth = 0;
+    if (p >= end || (*p != '{' && *p != '['))
+        return NULL;
+    while (p < end) {
+        const unsigned c = *p++;
+        if (c == '"') {
+            for (;;) {
+                if (p >= end)
+                    return NULL;
+                const unsigned s = *p++;
+                if (s == '"')
+                    break;
+                if (s == '\\') {
+                    if (p >= end)
+                        return NULL;
+                    p++;
+                }
+            }
+        }
+        else if (c == '{' || c == '[') {
+            if (depth == MAX_DEPTH)
+                return NULL;
+            closers[depth++] = c == '{' ? '}' : ']';
+        }
+        else if (c == '}' || c == ']') {
+            if (depth == 0 || closers[depth - 1] != c)
+                return NULL;
+            if (--depth == 0)
+                return p;
+        }
+    }
+    return NULL;
+}
+
+PyDoc_STRVAR(scan_views_doc,
+"scan_views(array, cache, /) -> (views, rest, misses) | None\n\n"
+"``array``: a JSON array of events, no whitespace between them. ``views``: one item per event, the view\n"
+"``cache`` holds for a delta of the common shape whose prefix (up to and including the comma after its\n"
+"delta type) is a key of it, else None. ``rest``: the events answered None, as one JSON array (None when\n"
+"there are none). ``misses``: for each of those, in order, ``(position, prefix)``, the prefix being None\n"
+"for an event not of the shape. None when the array cannot be split into events this way.");
+
+typedef struct {
+    Py_ssize_t start, length;
+} Piece;
+
+static PyObject *scan_views(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "scan_views() takes exactly 2 arguments");
+        return NULL;
+    }
+    PyObject *arrayobj = args[0], *cache = args[1];
+    if (!PyBytes_Check(arrayobj)) {
+        PyErr_Format(PyExc_TypeError, "scan_views() argument 1 must be bytes, not %.100s",
+                     Py_TYPE(arrayobj)->tp_name);
+        return NULL;
+    }
+    if (!PyDict_CheckExact(cache)) {
+        PyErr_Format(PyExc_TypeError, "scan_views() argument 2 must be dict, not %.100s", Py_TYPE(cache)->tp_name);
+        return NULL;
+    }
+    const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(arrayobj);
+    const Py_ssize_t size = PyBytes_GET_SIZE(arrayobj);
+    if (size < 2 || base[0] != '[' || base[size - 1] != ']')
+        Py_RETURN_NONE;
+    const unsigned char *p = base + 1, *stop = base + size - 1;
+
+    PyObject *views = PyList_New(0), *misses = PyList_New(0), *result = NULL;
+    Piece *pieces = NULL;
+    Py_ssize_t count = 0, capacity = 0, rest_size = 1;
+    const unsigned char *last_key = NULL; /* the prefix last found in the cache, and its view (borrowed) */
+    Py_ssize_t last_key_length = 0;
+    PyObject *last_view = NULL;
+    if (views == NULL || misses == NULL)
+        goto fail;
+
+    while (p < stop) {
+        const unsigned char *key_end = NULL, *e = delta_event(p, stop, &key_end);
+        PyObject *view = NULL, *key = NULL;
+        if (e != NULL) {
+            const Py_ssize_t key_length = key_end - p;
+            if (last_view != NULL && key_length == last_key_length && memcmp(p, last_key, (size_t)key_length) == 0)
+                view = last_view;
+            else {
+                if ((key = PyBytes_FromStringAndSize((const char *)p, key_length)) == NULL)
+                    goto fail;
+                view = PyDict_GetItemWithError(cache, key);
+                if (view == NULL && PyErr_Occurred()) {
+                    Py_DECREF(key);
+                    goto fail;
+                }
+                if (view != NULL) {
+                    Py_CLEAR(key);
+                    last_view = view;
+                    last_key = p;
+                    last_key_length = key_length;
+                }
+            }
+        }
+        else if ((e = skip_value(p, stop)) == NULL) {
+            Py_DECREF(views);
+            Py_DECREF(misses);
+            PyMem_Free(pieces);
+            Py_RETURN_NONE;
+        }
+        if (view != NULL) {
+            if (PyList_Append(views, view) < 0)
+                goto fail;
+        }
+        else {
+            PyObject *miss = Py_BuildValue("(nN)", PyList_GET_SIZE(views), key != NULL ? key : Py_NewRef(Py_None));
+            if (miss == NULL)
+                goto fail;
+            int rc = PyList_Append(misses, miss);
+            Py_DECREF(miss);
+            if (rc < 0 || PyList_Append(views, Py_None) < 0)
+                goto fail;
+            if (count == capacity) {
+                capacity = capacity ? 2 * capacity : 16;
+                Piece *grown = PyMem_Realloc(pieces, sizeof(Piece) * (size_t)capacity);
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    goto fail;
+                }
+                pieces = grown;
+            }
+            pieces[count].start = p - base;
+            pieces[count].length = e - p;
+            rest_size += e - p + 1;
+            count++;
+        }
+        p = e;
+        if (p == stop)
+            break;
+        if (*p != ',' || p + 1 == stop) { /* not a separator, or a trailing one */
+            Py_DECREF(views);
+            Py_DECREF(misses);
+            PyMem_Free(pieces);
+            Py_RETURN_NONE;
+        }
+        p++;
+    }
+
+    PyObject *rest;
+    if (count == 0)
+        rest = Py_NewRef(Py_None);
+    else {
+        if ((rest = PyBytes_FromStringAndSize(NULL, rest_size)) == NULL)
+            goto fail;
+        char *o = PyBytes_AS_STRING(rest);
+        *o++ = '[';
+        for (Py_ssize_t k = 0; k < count; k++) {
+            memcpy(o, base + pieces[k].start, (size_t)pieces[k].length);
+            o += pieces[k].length;
+            *o++ = k + 1 < count ? ',' : ']';
+        }
+    }
+    result = Py_BuildValue("(NNN)", views, rest, misses);
+    PyMem_Free(pieces);
+    return result;
+
+fail:
+    Py_XDECREF(views);
+    Py_XDECREF(misses);
+    PyMem_Free(pieces);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_views", (PyCFunction)(void (*)(void))scan_views, METH_FASTCALL, scan_views_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyModuleDef_Slot slots[] = {
+    {0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "gateway._views_c",
+    .m_doc = "The partial decode of the commonest stream event, compiled (see gateway/events.py).",
+    .m_size = 0,
+    .m_methods = methods,
+    .m_slots = slots,
+};
+
+PyMODINIT_FUNC PyInit__views_c(void)
+{
+    return PyModuleDef_Init(&moduledef);
+}
