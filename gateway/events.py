@@ -22,6 +22,7 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "COMPILED_VIEWS",
     "KNOWN_EVENTS",
     "MALFORMED",
     "AnyEvent",
@@ -344,6 +345,7 @@ try:  # the deltas answered from the cache in C (gateway/_views_c.c); msgspec de
     from ._views_c import scan_views as _scan_views
 except ImportError:  # pragma: no cover - no compiler where it was installed
     _scan_views = None
+COMPILED_VIEWS = _scan_views is not None
 
 
 def decode_views(datas: list[bytes], array: bytes | None = None) -> list[EventView]:

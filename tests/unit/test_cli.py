@@ -6,14 +6,16 @@ from gateway.cli import main, serving_warnings
 
 
 def test_one_worker_is_the_metrics_mode() -> None:
-    assert serving_warnings(1, decoder="c") == []
-    (note,) = serving_warnings(4, decoder="c")
+    assert serving_warnings(1, decoder="c", views=True) == []
+    (note,) = serving_warnings(4, decoder="c", views=True)
     assert "per process" in note and "workers: 1" in note
 
 
 def test_a_missing_compiled_decoder_is_announced() -> None:
-    (note,) = serving_warnings(1, decoder="python")
+    (note,) = serving_warnings(1, decoder="python", views=True)
     assert "_eventstream_c was not built" in note
+    (note,) = serving_warnings(1, decoder="c", views=False)
+    assert "_views_c was not built" in note
 
 
 def test_check_config(tmp_path: object, capsys: object) -> None:
