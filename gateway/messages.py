@@ -251,14 +251,21 @@ async def _stream(
         tally.status = 200
         tally.first_byte()
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if tally.last_chunk:  # the whole stream came in one read: one write, the body's end included
+            await send({"type": "http.response.body", "body": first, "more_body": False})
+            return
         keepalive = _Keepalive(send, task, ping_s, deadline, tally)
         if first:
             await send({"type": "http.response.body", "body": first, "more_body": True})
         async for chunk in body:
             keepalive.wrote()
+            if tally.last_chunk:
+                break
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        else:
+            chunk = b""
         keepalive.stop()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": chunk, "more_body": False})
     except asyncio.CancelledError as exc:
         if keepalive is not None and keepalive.timed_out:
             error_type, message = (

@@ -277,6 +277,8 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
                     metrics.unknown_events.labels(provider, etype).inc()
             if validator.state >= State.DONE and outcome is None:
                 outcome = Outcome.COMPLETED if validator.state is State.DONE else Outcome.UPSTREAM_ERROR
+            if validator.state >= State.DONE:
+                tally.last_chunk = True  # the client's response can end with this chunk
             if sent == len(views) and batch.raw is not None:
                 yield batch.raw
             elif sent or failure:

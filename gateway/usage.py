@@ -81,6 +81,7 @@ class UsageTally:
         "cancel_outcome",
         "first_token_at",
         "inflight",
+        "last_chunk",
         "model",
         "provider",
         "recorded",
@@ -119,6 +120,7 @@ class UsageTally:
         self.upstream_request_id = ""
         self.upstream_wait: float | None = None  # the answering provider's own time to its first event
         self.cancel_outcome = Outcome.CLIENT_CANCELLED  # what a stream cut short by the gateway records
+        self.last_chunk = False  # the stream's body generator is yielding its final chunk
 
     def begin(self) -> None:
         """The request is being served: counted in flight until ``record``."""

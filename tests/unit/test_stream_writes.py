@@ -1,0 +1,76 @@
+"""How a stream's body goes to the server: one ASGI message per upstream read, and the last read's message
+ends the body (``more_body: False``) instead of an empty message after it (one write less per stream)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from gateway.messages import _stream
+from gateway.metrics import Metrics
+from gateway.pipeline import _DRAINS, OpenStream, stream_body
+from gateway.usage import UsageTally
+from tests.unit.test_pipeline import GOOD, FakeStream, _Target, client_events, ev
+
+
+def serve(batches: list[list[Any]], **kwargs: Any) -> tuple[list[dict[str, Any]], UsageTally, FakeStream]:
+    metrics = Metrics()
+    tally = UsageTally(metrics, alias="a", provider="p", model="m")
+    stream = FakeStream(batches, **kwargs)
+
+    async def go() -> list[dict[str, Any]]:
+        gen = stream.batches()
+        opened = OpenStream(_Target(), stream, gen, await anext(gen))  # type: ignore[arg-type]
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        body = stream_body(opened, metrics, tally)
+        await _stream(send, body, [], tally, ping_s=30.0, deadline=time.monotonic() + 60)
+        await asyncio.gather(*_DRAINS)
+        return sent
+
+    return asyncio.run(go()), tally, stream
+
+
+def bodies(sent: list[dict[str, Any]]) -> list[tuple[bytes, bool]]:
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert all(m["type"] == "http.response.body" for m in sent[1:])
+    assert [m["more_body"] for m in sent[1:]][-1] is False
+    return [(m["body"], m["more_body"]) for m in sent[1:]]
+
+
+def test_a_stream_in_one_read_is_one_body_message() -> None:
+    sent, tally, stream = serve([GOOD])
+    ((body, more),) = bodies(sent)
+    assert more is False
+    assert [e["type"] for e in client_events([body])] == [e.type for e in GOOD]
+    assert tally.recorded == "completed" and stream.closed
+
+
+def test_the_last_read_ends_the_body() -> None:
+    sent, tally, _ = serve([GOOD[:2], GOOD[2:4], GOOD[4:]])
+    got = bodies(sent)
+    assert [more for _, more in got] == [True, True, False]
+    assert [e["type"] for e in client_events([b for b, _ in got])] == [e.type for e in GOOD]
+    assert tally.recorded == "completed"
+
+
+def test_an_error_event_ends_the_body_too() -> None:
+    bad = [*GOOD[:2], ev("content_block_delta", index=0, delta={"type": "input_json_delta", "partial_json": ""})]
+    sent, tally, _ = serve([GOOD[:1], bad[1:], GOOD[3:]])
+    got = bodies(sent)
+    assert [more for _, more in got] == [True, False]
+    assert [e["type"] for e in client_events([b for b, _ in got])] == ["message_start", "content_block_start", "error"]
+    assert tally.recorded == "invalid_stream"
+
+
+def test_a_stream_that_just_stops_gets_its_error_then_the_end() -> None:
+    sent, tally, _ = serve([GOOD[:2], GOOD[2:4]])
+    got = bodies(sent)
+    events = client_events([b for b, _ in got])
+    assert events[-1]["type"] == "error" and "without message_stop" in events[-1]["error"]["message"]
+    assert got[-1] == (b"", False)
+    assert tally.recorded == "upstream_error"
