@@ -284,6 +284,9 @@ class BedrockEventStream:
                 self._on_mismatch()
         return _encode(fields)
 
+    def at_eof(self) -> bool:
+        return self._resp.at_eof()
+
     async def aclose(self) -> None:
         await self._resp.aclose()
 
@@ -351,6 +354,9 @@ class ConverseEventStream:
             yield error_batch("api_error", f"provider {self._name!r}: damaged event stream: {exc}")
         except (msgspec.DecodeError, TypeError, KeyError) as exc:
             yield error_batch("api_error", f"provider {self._name!r}: undecodable Converse event: {exc}")
+
+    def at_eof(self) -> bool:
+        return self._resp.at_eof()
 
     async def aclose(self) -> None:
         await self._resp.aclose()

@@ -48,6 +48,10 @@ class EventStream(Protocol):
 
     def batches(self) -> AsyncGenerator[Batch]: ...
 
+    def at_eof(self) -> bool:
+        """Whether the provider's body has arrived to its end: finishing ``batches`` waits for nothing."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -216,6 +220,9 @@ class SseEventStream:
                     if not block:
                         continue
             yield batch_of_block(block)
+
+    def at_eof(self) -> bool:
+        return self._resp.at_eof()
 
     async def aclose(self) -> None:
         await self._resp.aclose()

@@ -46,6 +46,9 @@ class _MockStream:
                 await asyncio.sleep(delay)
             yield Batch([view], [data])
 
+    def at_eof(self) -> bool:
+        return True  # nothing to read from anywhere
+
     async def aclose(self) -> None:
         return None
 

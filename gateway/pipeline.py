@@ -8,6 +8,7 @@ their real HTTP status. After that a failure can only end the stream with one ``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -307,10 +308,12 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
         if outcome in (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT, Outcome.INVALID_STREAM):
             health.record_failure(opened.clock())
         tally.record(outcome or tally.cancel_outcome)
-        if validator.state is State.DONE:
-            _drain_later(opened)
-        else:
+        if validator.state is not State.DONE:
             await _close(opened.batches, opened.stream)
+        elif opened.stream.at_eof():  # the provider's body is all here: finishing it waits for nothing
+            await _finish(opened)
+        else:
+            _drain_later(opened)
 
 
 _DRAINS: set[asyncio.Task[None]] = set()
@@ -327,11 +330,17 @@ def _drain_later(opened: OpenStream) -> None:
 
 
 async def _drain(opened: OpenStream) -> None:
-    try:
+    with contextlib.suppress(TimeoutError):  # _finish closes however it ends
         async with asyncio.timeout(DRAIN_SECONDS):
-            async for _ in opened.batches:
-                pass
-    except (TimeoutError, StreamInterrupted, GatewayError):
+            await _finish(opened)
+
+
+async def _finish(opened: OpenStream) -> None:
+    """Read the provider's body to its end (the connection goes back to the pool), then close."""
+    try:
+        async for _ in opened.batches:
+            pass
+    except (StreamInterrupted, GatewayError):
         pass
     finally:
         await _close(opened.batches, opened.stream)

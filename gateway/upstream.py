@@ -61,6 +61,11 @@ class UpstreamResponse(Protocol):
 
     async def read(self) -> bytes: ...
 
+    def at_eof(self) -> bool:
+        """Whether the body has arrived to its end and been read: going on with ``chunks`` reads nothing more
+        (False when unknown)."""
+        ...
+
     async def aclose(self) -> None:
         """Drop the connection if the body was not read to the end (a client went away)."""
         ...
@@ -110,6 +115,9 @@ class _AiohttpResponse:
             raise UpstreamConnectionError(_describe(exc, "upstream response broke off")) from exc
         finally:
             self._resp.release()
+
+    def at_eof(self) -> bool:
+        return self._resp.content.at_eof()
 
     async def aclose(self) -> None:
         if not self._resp.content.at_eof():
@@ -188,6 +196,9 @@ class _HttpxResponse:
             raise UpstreamConnectionError(_describe(exc, "upstream response broke off")) from exc
         finally:
             await self._resp.aclose()
+
+    def at_eof(self) -> bool:
+        return False  # httpx does not say without reading: the stream is drained in the background
 
     async def aclose(self) -> None:
         await self._resp.aclose()

@@ -46,9 +46,10 @@ def to_batch(events: list[Ev], *, raw: bool) -> Batch:
 
 
 class FakeStream:
-    def __init__(self, batches: list[list[Ev]], *, interrupt: bool = False, raw: bool = True) -> None:
+    def __init__(self, batches: list[list[Ev]], *, interrupt: bool = False, raw: bool = True, eof: bool = True) -> None:
         self._batches = [to_batch(b, raw=raw) for b in batches]
         self._interrupt = interrupt
+        self._eof = eof
         self.headers: dict[str, str] = {}
         self.closed = False
         self.consumed = False
@@ -60,6 +61,9 @@ class FakeStream:
         if self._interrupt:
             raise StreamInterrupted("connection reset")
 
+    def at_eof(self) -> bool:
+        return self._eof
+
     async def aclose(self) -> None:
         self.closed = True
 
@@ -69,17 +73,25 @@ def ev(etype: str, **fields: Any) -> Ev:
 
 
 def run(
-    batches: list[list[Ev]], *, interrupt: bool = False, raw: bool = True
+    batches: list[list[Ev]],
+    *,
+    interrupt: bool = False,
+    raw: bool = True,
+    eof: bool = True,
+    drains: list[int] | None = None,
 ) -> tuple[list[bytes], Metrics, UsageTally, FakeStream]:
+    """``drains``: gets the number of background drains the stream left behind."""
     metrics = Metrics()
     tally = UsageTally(metrics, alias="a", provider="p", model="m")
-    stream = FakeStream(batches, interrupt=interrupt, raw=raw)
+    stream = FakeStream(batches, interrupt=interrupt, raw=raw, eof=eof)
 
     async def go() -> list[bytes]:
         gen = stream.batches()
         first = await anext(gen)
         opened = OpenStream(_Target(), stream, gen, first)  # type: ignore[arg-type]
         chunks = [chunk async for chunk in stream_body(opened, metrics, tally)]
+        if drains is not None:
+            drains.append(len(_DRAINS))
         await asyncio.gather(*_DRAINS)
         return chunks
 
@@ -147,9 +159,13 @@ def test_interrupted_upstream_ends_with_error() -> None:
 
 
 def test_nothing_after_message_stop_is_forwarded_and_the_rest_is_drained() -> None:
-    body, _, _, stream = run([[*GOOD, ev("ping")], [ev("ping")]])
-    assert client_events(body)[-1]["type"] == "message_stop"
-    assert stream.consumed and stream.closed  # read to its end (connection reusable), then closed
+    for eof, background in ((False, 1), (True, 0)):
+        drains: list[int] = []
+        body, _, _, stream = run([[*GOOD, ev("ping")], [ev("ping")]], eof=eof, drains=drains)
+        assert client_events(body)[-1]["type"] == "message_stop"
+        assert stream.consumed and stream.closed  # read to its end (connection reusable), then closed
+        # a body that has all arrived is finished at once; one still arriving is drained in the background
+        assert drains == [background]
 
 
 RANDOM_EVENT = st.one_of(
