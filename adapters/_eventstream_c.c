@@ -455,6 +455,23 @@ static PyObject *chunk_event(const unsigned char *p, Py_ssize_t n)
     return out;
 }
 
+/* 0 when ``payloads`` is a list of bytes; else -1 with a TypeError naming ``function``. */
+static int check_payloads(const char *function, PyObject *payloads)
+{
+    if (!PyList_Check(payloads)) {
+        PyErr_Format(PyExc_TypeError, "%s() argument must be list, not %.100s", function, Py_TYPE(payloads)->tp_name);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(payloads); k++) {
+        PyObject *payload = PyList_GET_ITEM(payloads, k);
+        if (!PyBytes_Check(payload)) {
+            PyErr_Format(PyExc_TypeError, "%s() items must be bytes, not %.100s", function, Py_TYPE(payload)->tp_name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(chunk_events_doc,
 "chunk_events(payloads, /) -> list[bytes] | None\n\n"
 "The event bytes (base64-decoded ``bytes`` member) of every InvokeModelWithResponseStream chunk payload of\n"
@@ -464,23 +481,14 @@ PyDoc_STRVAR(chunk_events_doc,
 static PyObject *chunk_events(PyObject *module, PyObject *payloads)
 {
     (void)module;
-    if (!PyList_Check(payloads)) {
-        PyErr_Format(PyExc_TypeError, "chunk_events() argument must be list, not %.100s",
-                     Py_TYPE(payloads)->tp_name);
+    if (check_payloads("chunk_events", payloads) < 0)
         return NULL;
-    }
     const Py_ssize_t count = PyList_GET_SIZE(payloads);
     PyObject *out = PyList_New(count);
     if (out == NULL)
         return NULL;
     for (Py_ssize_t k = 0; k < count; k++) {
         PyObject *payload = PyList_GET_ITEM(payloads, k);
-        if (!PyBytes_Check(payload)) {
-            PyErr_Format(PyExc_TypeError, "chunk_events() items must be bytes, not %.100s",
-                         Py_TYPE(payload)->tp_name);
-            Py_DECREF(out);
-            return NULL;
-        }
         PyObject *event = chunk_event((const unsigned char *)PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload));
         if (event == NULL) {
             Py_DECREF(out); /* the items not yet set are NULL, which list dealloc skips */
@@ -511,11 +519,8 @@ PyDoc_STRVAR(chunk_batch_doc,
 static PyObject *chunk_batch(PyObject *module, PyObject *payloads)
 {
     (void)module;
-    if (!PyList_Check(payloads)) {
-        PyErr_Format(PyExc_TypeError, "chunk_batch() argument must be list, not %.100s",
-                     Py_TYPE(payloads)->tp_name);
+    if (check_payloads("chunk_batch", payloads) < 0)
         return NULL;
-    }
     const Py_ssize_t count = PyList_GET_SIZE(payloads);
     if (count == 0)
         Py_RETURN_NONE;
@@ -529,11 +534,6 @@ static PyObject *chunk_batch(PyObject *module, PyObject *payloads)
     Py_ssize_t total = 1; /* '[' */
     for (Py_ssize_t k = 0; k < count; k++) {
         PyObject *payload = PyList_GET_ITEM(payloads, k);
-        if (!PyBytes_Check(payload)) {
-            PyErr_Format(PyExc_TypeError, "chunk_batch() items must be bytes, not %.100s",
-                         Py_TYPE(payload)->tp_name);
-            goto done;
-        }
         const unsigned char *digits;
         Py_ssize_t length, pads;
         const Py_ssize_t n = chunk_shape((const unsigned char *)PyBytes_AS_STRING(payload),

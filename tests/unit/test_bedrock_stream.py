@@ -21,6 +21,7 @@ from adapters._bedrock_stream import BedrockEventStream
 from adapters._eventstream import encode_message
 from gateway.sse import encode_frames
 from gateway.validate import StreamValidator
+from tests.edits import apply_edits, byte_edits
 from tests.fakes.claude_api import get_scenario
 from tests.unit.test_eventstream import C
 
@@ -235,14 +236,7 @@ def test_canonical_chunks_decode_in_c_as_msgspec_does(chunks: list[tuple[bytes, 
 @given(
     data=st.binary(max_size=40),
     pad=st.one_of(st.none(), st.text(max_size=8)),
-    edits=st.lists(
-        st.tuples(
-            st.integers(0, 200),
-            st.sampled_from(["insert", "delete", "replace"]),
-            st.sampled_from(b' "\\,:{}=+/pAQ_-\x00\x1f\x7f\x80\xff'),
-        ),
-        max_size=3,
-    ),
+    edits=byte_edits(b' "\\,:{}=+/pAQ_-\x00\x1f\x7f\x80\xff', reach=200),
 )
 def test_wherever_c_answers_it_is_msgspecs_answer(
     data: bytes, pad: str | None, edits: list[tuple[int, str, int]]
@@ -250,16 +244,10 @@ def test_wherever_c_answers_it_is_msgspecs_answer(
     """Canonical payloads (padding of any text, JSON-escaped), then random edits: C says None, or msgspec's bytes."""
     assert C is not None
     if pad is None:
-        payload = bytearray(canonical(data, None))
+        payload = canonical(data, None)
     else:
-        payload = bytearray(b'{"bytes":"' + base64.b64encode(data) + b'","p":' + json.dumps(pad).encode() + b"}")
-    for at, how, byte in edits:
-        at %= len(payload) + 1
-        if how == "insert":
-            payload[at:at] = bytes([byte])
-        elif at < len(payload):
-            payload[at : at + 1] = b"" if how == "delete" else bytes([byte])
-    payloads = [canonical(b"first"), bytes(payload)]
+        payload = b'{"bytes":"' + base64.b64encode(data) + b'","p":' + json.dumps(pad).encode() + b"}"
+    payloads = [canonical(b"first"), apply_edits(payload, edits)]
     reference = msgspec_datas(payloads)
     got = C.chunk_events(payloads)
     if got is not None:

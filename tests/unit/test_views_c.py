@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from gateway import events
 from gateway.events import MALFORMED, EventView, decode_views
+from tests.edits import apply_edits, byte_edits
 
 try:
     from gateway import _views_c as C
@@ -188,26 +189,13 @@ _event = st.one_of(
 @settings(max_examples=400, deadline=None)
 @given(
     datas=st.lists(_event, max_size=8),
-    edits=st.lists(
-        st.tuples(
-            st.integers(0, 2000),
-            st.sampled_from(["insert", "delete", "replace"]),
-            st.sampled_from(b' "\\,:{}[]0189-.aetxyz_\x00\x01\n\x7f\x80\xbf\xc3\xe2\xed\xf0\xff'),
-        ),
-        max_size=3,
-    ),
+    edits=byte_edits(b' "\\,:{}[]0189-.aetxyz_\x00\x01\n\x7f\x80\xbf\xc3\xe2\xed\xf0\xff', reach=2000),
 )
 def test_wherever_c_answers_it_is_msgspecs_answer(datas: list[bytes], edits: list[tuple[int, str, int]]) -> None:
     """Realistic events, then random edits of the array: the same views as msgspec alone, cache cold or warm."""
-    array = bytearray(b"[" + b",".join(datas) + b"]")
-    for at, how, byte in edits:
-        at %= len(array) + 1
-        if how == "insert":
-            array[at:at] = bytes([byte])
-        elif at < len(array):
-            array[at : at + 1] = b"" if how == "delete" else bytes([byte])
-    same(datas, bytes(array))
-    same([], bytes(array))
+    array = apply_edits(b"[" + b",".join(datas) + b"]", edits)
+    same(datas, array)
+    same([], array)
     if not edits:
         same(datas)
 
