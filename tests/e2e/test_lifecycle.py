@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -37,12 +38,12 @@ class Served:
 def serve(tmp_path: Path) -> Iterator[object]:
     started: list[Served] = []
 
-    def start(config: Path) -> Served:
+    def start(config: Path, *extra: str) -> Served:
         port = _free_port()
         log = tmp_path / f"gateway-{port}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port)],
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port), *extra],
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
             env=env,
@@ -167,3 +168,26 @@ def test_sigterm_drains_then_ends_the_rest_with_an_error(tmp_path: Path, serve: 
     assert '"type":"overloaded_error"' in results["slow"].rsplit("event: error", 1)[1]
     assert gw.proc.wait(15) is not None
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_every_worker_writes_the_access_log(tmp_path: Path, serve: object, workers: str) -> None:
+    """One JSON line per request on stderr, in the configured format, with one worker or several (each
+    worker process sets up its own logging)."""
+    config = tmp_path / "g.yaml"
+    write(config, "m1")
+    served = serve(config, "--workers", workers)  # type: ignore[operator]
+    for stream in (False, True, False, True):
+        r = httpx.post(f"{served.url}/v1/messages", json={**KW, "model": "live", "stream": stream}, timeout=10)
+        assert r.status_code == 200
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        lines = [line for line in served.log.read_text().splitlines() if " INFO gateway.access: " in line]
+        if len(lines) >= 4:
+            break
+        time.sleep(0.1)
+    assert len(lines) == 4, served.log.read_text()
+    for line in lines:
+        assert line[:4].isdigit()  # asctime first
+        record = json.loads(line.split(" INFO gateway.access: ", 1)[1])
+        assert (record["alias"], record["status"], record["outcome"]) == ("live", 200, "completed")

@@ -26,3 +26,18 @@ def test_check_config(tmp_path: object, capsys: object) -> None:
     assert main(["check-config", str(path)]) == 0
     path.write_text("providers: {m: {kind: mock, nope: 1}}\n")
     assert main(["check-config", str(path)]) == 2
+
+
+def test_logging_is_told_not_to_collect_what_the_format_does_not_show() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import logging; from gateway.cli import configure_logging, LOG_FORMAT; configure_logging(); "
+        "logging.getLogger('gateway.access').info('%s', 'x'); "
+        "print(logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing); "
+        "assert not any(f in LOG_FORMAT for f in ('lineno', 'funcName', 'pathname', 'thread', 'process'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["None", "False", "False", "False"]
+    assert done.stderr.rstrip().endswith("INFO gateway.access: x")
