@@ -1,4 +1,6 @@
-/* The partial decode of a batch's events (gateway/events.py ``decode_views``), for its commonest event.
+/* The partial decode of a batch's events (gateway/events.py ``decode_views``), for its commonest event;
+ * and ``split_sse``, gateway/sse.py's ``split_canonical`` (a block of canonical SSE frames as its event
+ * lines and one JSON array of its data) without a Python object per line.
  *
  * Nearly every event of a stream is a delta of one shape, ``{"type":"content_block_delta","index":N,
  * "delta":{"type":"<t>","<key>":"<string>"}}``, and its partial view depends on N and <t> only. ``scan_views``
@@ -292,8 +294,67 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(split_sse_doc,
+"split_sse(block, /) -> (events, array, count) | None\n\n"
+"gateway.sse.split_canonical in C: for a block of frames each exactly ``event: <name>``, ``data: <json>``\n"
+"and a blank line (nothing after the last), the event lines joined by ``\\n``, the data as one JSON array and\n"
+"the frame count; None for any other block.");
+
+static PyObject *split_sse(PyObject *module, PyObject *block)
+{
+    (void)module;
+    if (!PyBytes_Check(block)) {
+        PyErr_Format(PyExc_TypeError, "split_sse() argument must be bytes, not %.100s", Py_TYPE(block)->tp_name);
+        return NULL;
+    }
+    const char *start = PyBytes_AS_STRING(block), *end = start + PyBytes_GET_SIZE(block);
+    Py_ssize_t count = 0, events_size = 0, array_size = 1;
+    for (const char *p = start; p < end;) { /* sizes, and the shape */
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        if (nl == NULL || nl - p < 7 || memcmp(p, "event: ", 7) != 0)
+            Py_RETURN_NONE;
+        events_size += nl - p + 1;
+        p = nl + 1;
+        nl = p < end ? memchr(p, '\n', (size_t)(end - p)) : NULL;
+        if (nl == NULL || nl - p < 6 || memcmp(p, "data: ", 6) != 0)
+            Py_RETURN_NONE;
+        array_size += nl - p - 6 + 1;
+        p = nl + 1;
+        if (p >= end || *p != '\n')
+            Py_RETURN_NONE;
+        p++;
+        count++;
+    }
+    PyObject *events = PyBytes_FromStringAndSize(NULL, count ? events_size - 1 : 0);
+    PyObject *array = PyBytes_FromStringAndSize(NULL, count ? array_size : 2);
+    if (events == NULL || array == NULL) {
+        Py_XDECREF(events);
+        Py_XDECREF(array);
+        return NULL;
+    }
+    char *e = PyBytes_AS_STRING(events), *a = PyBytes_AS_STRING(array);
+    *a++ = '[';
+    for (const char *p = start; p < end;) { /* the shape is known good: event line, data line, blank line */
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        if (p != start) {
+            *e++ = '\n';
+            *a++ = ',';
+        }
+        memcpy(e, p, (size_t)(nl - p));
+        e += nl - p;
+        p = nl + 1;
+        nl = memchr(p, '\n', (size_t)(end - p));
+        memcpy(a, p + 6, (size_t)(nl - p - 6));
+        a += nl - p - 6;
+        p = nl + 2;
+    }
+    *a = ']';
+    return Py_BuildValue("(NNn)", events, array, count);
+}
+
 static PyMethodDef methods[] = {
     {"scan_views", (PyCFunction)(void (*)(void))scan_views, METH_FASTCALL, scan_views_doc},
+    {"split_sse", (PyCFunction)split_sse, METH_O, split_sse_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,7 +8,7 @@ character split across reads needs no special care.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gateway.events import KNOWN_EVENTS, EventView
 
@@ -20,6 +20,7 @@ __all__ = [
     "frame_header",
     "split_block",
     "split_canonical",
+    "split_canonical_py",
 ]
 
 
@@ -89,6 +90,13 @@ class SseDecoder:
         return bool(self._buf.strip(b"\n"))
 
 
+_split_sse: Callable[[bytes], tuple[bytes, bytes, int] | None] | None
+try:  # gateway/_views_c.c: split_canonical without an object per line
+    from gateway._views_c import split_sse as _split_sse
+except ImportError:  # pragma: no cover - no compiler where it was installed
+    _split_sse = None
+
+
 def split_block(block: bytes) -> tuple[list[bytes | None], list[bytes]]:
     """Event names and data of every frame in a block from ``feed_block``."""
     frames = _parse_frames(block)
@@ -97,11 +105,19 @@ def split_block(block: bytes) -> tuple[list[bytes | None], list[bytes]]:
 
 def split_canonical(block: bytes) -> tuple[bytes, bytes, int] | None:
     """For a block in the shape every Claude provider sends — each frame exactly ``event: <name>``,
-    ``data: <json>``, blank line — its event lines joined by ``\\n``, its data as one JSON array, and the
-    frame count; ``None`` for any other shape. Whole-line operations in C, no per-frame Python."""
+    ``data: <json>``, blank line, nothing after the last — its event lines joined by ``\\n``, its data as one
+    JSON array, and the frame count; ``None`` for any other shape. In C when gateway._views_c is built."""
+    if _split_sse is not None:
+        return _split_sse(block)
+    return split_canonical_py(block)
+
+
+def split_canonical_py(block: bytes) -> tuple[bytes, bytes, int] | None:
+    """``split_canonical`` by whole-line bytes operations (in C, but an object per line): the fallback, and
+    the reference the compiled one is tested against."""
     lines = block.split(b"\n")
     n = len(lines) // 3
-    if len(lines) != 3 * n + 1 or any(lines[2::3]):
+    if len(lines) != 3 * n + 1 or any(lines[2::3]) or lines[-1]:
         return None
     events = b"\n".join(lines[0:-1:3])
     datas = b"\n".join(lines[1::3])

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.base import batch_of_block
-from gateway.events import MALFORMED
-from gateway.sse import SseDecoder, split_block, split_canonical
+from gateway import sse
+from gateway.events import COMPILED_VIEWS, MALFORMED
+from gateway.sse import SseDecoder, split_block, split_canonical, split_canonical_py
+from tests.edits import apply_edits, byte_edits
 
 FIXTURES = sorted((Path(__file__).parent.parent / "fixtures" / "claude").glob("*.sse"))
 
@@ -90,10 +93,36 @@ def test_malformed_json_becomes_an_untyped_view(block: bytes) -> None:
     assert batch.views[-1] is MALFORMED and batch.views[-1].type == ""
 
 
-def test_split_canonical() -> None:
+@pytest.mark.parametrize("split", [split_canonical, split_canonical_py], ids=["in use", "python"])
+def test_split_canonical(split: Any) -> None:
     block = b'event: a\ndata: {"type":"a"}\n\nevent: b\ndata: {"x":"data: y"}\n\n'
-    assert split_canonical(block) == (b"event: a\nevent: b", b'[{"type":"a"},{"x":"data: y"}]', 2)
-    assert split_canonical(b"event: a\ndata: 1\nid: 3\n\n") is None
+    assert split(block) == (b"event: a\nevent: b", b'[{"type":"a"},{"x":"data: y"}]', 2)
+    assert split(b"") == (b"", b"[]", 0)
+    for other in (
+        b"event: a\ndata: 1\nid: 3\n\n",  # a third line
+        b"event: a\ndata: 1\n\nevent: b",  # something after the last blank line
+        b"event: a\ndata: 1\n",  # no blank line
+        b"data: 1\nevent: a\n\n",  # the other order
+        b"event:a\ndata: 1\n\n",  # no space
+        b"event: a\r\ndata: 1\r\n\r\n",  # CRLF
+    ):
+        assert split(other) is None, other
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    frames=st.lists(st.tuples(st.binary(max_size=6), st.binary(max_size=12)), max_size=5),
+    edits=byte_edits(b"\n\r :eventdaEVD[],{}x\x00\xff", reach=200),
+)
+def test_compiled_split_is_the_python_one(frames: list[tuple[bytes, bytes]], edits: list[tuple[int, str, int]]) -> None:
+    """Canonical blocks of any names and data (newlines included), then random edits: the same answer."""
+    block = b"".join(b"event: " + name + b"\ndata: " + data + b"\n\n" for name, data in frames)
+    for candidate in (block, apply_edits(block, edits)):
+        assert split_canonical(candidate) == split_canonical_py(candidate)
+
+
+def test_the_compiled_split_is_in_use() -> None:
+    assert (sse._split_sse is not None) == COMPILED_VIEWS
 
 
 def test_first_large_block_is_cut_after_its_first_delta() -> None:
