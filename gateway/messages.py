@@ -252,6 +252,7 @@ async def _stream(
         tally.first_byte()
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         if tally.last_chunk:  # the whole stream came in one read: one write, the body's end included
+            await body.aclose()  # usage and outcome recorded before the client sees the end
             await send({"type": "http.response.body", "body": first, "more_body": False})
             return
         keepalive = _Keepalive(send, task, ping_s, deadline, tally)
@@ -265,6 +266,7 @@ async def _stream(
         else:
             chunk = b""
         keepalive.stop()
+        await body.aclose()  # usage and outcome recorded before the client sees the end
         await send({"type": "http.response.body", "body": chunk, "more_body": False})
     except asyncio.CancelledError as exc:
         if keepalive is not None and keepalive.timed_out:

@@ -25,6 +25,8 @@ def serve(batches: list[list[Any]], **kwargs: Any) -> tuple[list[dict[str, Any]]
         sent: list[dict[str, Any]] = []
 
         async def send(message: dict[str, Any]) -> None:
+            if message.get("more_body") is False:  # the client sees the end: the usage is already recorded
+                assert tally.recorded is not None and stream.closed
             sent.append(message)
 
         body = stream_body(opened, metrics, tally)
