@@ -269,8 +269,7 @@ def _text_block(index: int, chunks: list[str], cites: list[dict[str, Any]]) -> l
         {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
     ]
     events += [
-        {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": c}}
-        for c in chunks
+        {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": c}} for c in chunks
     ]
     events += [
         {"type": "content_block_delta", "index": index, "delta": {"type": "citations_delta", "citation": c}}
@@ -295,9 +294,7 @@ def _thinking_block(index: int, text: str, message_id: str) -> list[dict[str, An
     return events
 
 
-def mock_events(
-    body: dict[str, Any], *, deltas: int = 12, message_id: str = "msg_mock_0001"
-) -> list[dict[str, Any]]:
+def mock_events(body: dict[str, Any], *, deltas: int = 12, message_id: str = "msg_mock_0001") -> list[dict[str, Any]]:
     """The whole canonical event sequence the mock streams for ``body``."""
     deltas = max(1, int(deltas))
     model = str(body.get("model", ""))
@@ -353,9 +350,7 @@ def mock_events(
     return events
 
 
-def mock_message(
-    body: dict[str, Any], *, deltas: int = 12, message_id: str = "msg_mock_0001"
-) -> dict[str, Any]:
+def mock_message(body: dict[str, Any], *, deltas: int = 12, message_id: str = "msg_mock_0001") -> dict[str, Any]:
     """The final ``Message`` obtained by folding :func:`mock_events` like the SDK accumulator does."""
     message: dict[str, Any] = {}
     for event in mock_events(body, deltas=deltas, message_id=message_id):

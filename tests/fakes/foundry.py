@@ -281,7 +281,6 @@ class EntraTokenRequest:
     expires_in: int | None = None
 
 
-
 @dataclass
 class _Counters:
     disconnects: int = 0

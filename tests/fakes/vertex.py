@@ -322,7 +322,6 @@ class TokenRequest:
     expires_in: int | None = None
 
 
-
 @dataclass
 class _Counters:
     disconnects: int = 0

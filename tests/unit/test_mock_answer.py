@@ -108,9 +108,7 @@ def citations(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 def text_deltas(events: list[dict[str, Any]]) -> list[str]:
     return [
-        e["delta"]["text"]
-        for e in events
-        if e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta"
+        e["delta"]["text"] for e in events if e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta"
     ]
 
 
@@ -243,9 +241,7 @@ def test_snippet_is_last_user_message_first_80_chars() -> None:
 
 
 def test_deterministic_and_message_id() -> None:
-    body = req(
-        user(text_doc("One thing. Another thing.")), thinking={"type": "enabled", "budget_tokens": 2048}
-    )
+    body = req(user(text_doc("One thing. Another thing.")), thinking={"type": "enabled", "budget_tokens": 2048})
     assert mock_events(body) == mock_events(copy.deepcopy(body))
     assert mock_message(body, message_id="msg_x")["id"] == "msg_x"
     assert mock_events(body, deltas=5) != mock_events(body, deltas=30)
@@ -270,9 +266,7 @@ def test_thinking_block_first(thinking: dict[str, Any]) -> None:
     assert [b["type"] for b in message["content"]] == ["thinking", "text"]
     block = message["content"][0]
     assert block["thinking"] and base64.b64decode(block["signature"])
-    sig = [
-        e for e in events if e["type"] == "content_block_delta" and e["delta"]["type"] == "signature_delta"
-    ]
+    sig = [e for e in events if e["type"] == "content_block_delta" and e["delta"]["type"] == "signature_delta"]
     assert len(sig) == 1
     # the signature delta is the last delta of the thinking block
     assert events[events.index(sig[0]) + 1] == {"type": "content_block_stop", "index": 0}
@@ -372,9 +366,7 @@ def test_pdf_page_location() -> None:
 
     from pypdf import PdfReader
 
-    reader = PdfReader(
-        io.BytesIO(make_pdf(["Sentence one. Sentence two.", "Page two starts. Page two ends."]))
-    )
+    reader = PdfReader(io.BytesIO(make_pdf(["Sentence one. Sentence two.", "Page two starts. Page two ends."])))
     page_texts = [p.extract_text() for p in reader.pages]
     cites = citations(message)
     assert {c["start_page_number"] for c in cites} == {1, 2}

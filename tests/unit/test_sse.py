@@ -20,8 +20,8 @@ BODY = (
     + b"event: content_block_delta\n"
     + b'data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":'
     + '"h\u00e9llo \U0001f600 \u4e16\u754c"}}\n\n'.encode()
-    + b"event: ping\r\ndata: {\"type\": \"ping\"}\r\n\r\n"
-    + b"data: {\"type\":\"no_event_line\"}\r\r"
+    + b'event: ping\r\ndata: {"type": "ping"}\r\n\r\n'
+    + b'data: {"type":"no_event_line"}\r\r'
     b"event: multi\ndata: line one\ndata:line two\nid: 7\nretry: 10\n\n"
 )
 
