@@ -46,6 +46,13 @@ def open_playground(page: Any, gw: RunningGateway, key: str = "ui-key") -> None:
     page.wait_for_selector("#model option[value='claude-paced']", state="attached")
 
 
+def ask(page: Any, model: str, until: str = "complete") -> None:
+    """Send the form as it is to ``model`` and wait for the answer's state (a CSS alternative list is fine)."""
+    page.select_option("#model", model)
+    page.click("#send")
+    page.wait_for_selector(", ".join(f"#state[data-state='{state}']" for state in until.split("|")))
+
+
 def attach_documents(page: Any, tmp_path: Any) -> None:
     page.click("#documents li button[name=remove]")  # the sample document
     page.click("#add-document")
@@ -156,9 +163,7 @@ def test_answer_streams_with_markers_in_order_hover_sources_and_usage(
 
 def test_keyboard_focus_on_a_marker_shows_its_preview(page: Any, ui_gateway: RunningGateway) -> None:
     open_playground(page, ui_gateway)
-    page.select_option("#model", "claude-fast")
-    page.click("#send")
-    page.wait_for_selector("#state[data-state='complete']")
+    ask(page, "claude-fast")
     page.focus("#blocks .cite[data-n='1']")
     assert page.is_visible("#tip")
     assert "Gateway notes" in page.inner_text("#tip")  # the sample document's title
@@ -168,9 +173,7 @@ def test_keyboard_focus_on_a_marker_shows_its_preview(page: Any, ui_gateway: Run
 
 def test_mid_stream_error_shows_the_answer_incomplete(page: Any, ui_gateway: RunningGateway) -> None:
     open_playground(page, ui_gateway)
-    page.select_option("#model", "claude-flaky")
-    page.click("#send")
-    page.wait_for_selector("#state[data-state='incomplete']")
+    ask(page, "claude-flaky", "incomplete")
     assert "Incomplete" in page.inner_text("#state")
     assert "Complete (" not in page.inner_text("#state")
     assert page.inner_text("#failure") == "overloaded_error: Overloaded"
@@ -184,19 +187,15 @@ def test_mid_stream_error_shows_the_answer_incomplete(page: Any, ui_gateway: Run
 
 def test_error_before_the_stream_is_shown_with_its_type(page: Any, ui_gateway: RunningGateway) -> None:
     open_playground(page, ui_gateway)
-    page.select_option("#model", "claude-fast")
     page.fill("#key", "wrong-key")
-    page.click("#send")
-    page.wait_for_selector("#state[data-state='incomplete']")
+    ask(page, "claude-fast", "incomplete")
     assert page.inner_text("#failure").startswith("authentication_error: ")
 
 
 def test_thinking_renders_collapsed_and_tool_input_once_complete(page: Any, ui_gateway: RunningGateway) -> None:
     open_playground(page, ui_gateway)
-    page.select_option("#model", "claude-fast")
     page.check("#thinking")
-    page.click("#send")
-    page.wait_for_selector("#state[data-state='complete']")
+    ask(page, "claude-fast")
     thinking = page.locator("#blocks details.thinking")
     assert thinking.count() == 1
     assert thinking.get_attribute("open") is None  # collapsed
@@ -205,9 +204,7 @@ def test_thinking_renders_collapsed_and_tool_input_once_complete(page: Any, ui_g
     assert "The user asked about" in page.inner_text("#blocks .thinking-text")
 
     page.uncheck("#thinking")
-    page.select_option("#model", "claude-tools")
-    page.click("#send")
-    page.wait_for_selector("#state[data-state='complete']")
+    ask(page, "claude-tools")
     tool = page.locator("#blocks .block.tool").first
     assert tool.get_attribute("data-done") == "true"
     shown = json.loads(tool.locator("pre").inner_text())
@@ -232,9 +229,7 @@ def test_usable_on_a_narrow_screen(page: Any, ui_gateway: RunningGateway, width:
     page.set_viewport_size({"width": width, "height": 800})
     open_playground(page, ui_gateway)
     assert page.evaluate("document.documentElement.scrollWidth") <= width
-    page.select_option("#model", "claude-fast")
-    page.click("#send")
-    page.wait_for_selector("#state[data-state='complete']")
+    ask(page, "claude-fast")
     assert page.evaluate("document.documentElement.scrollWidth") <= width
     for selector in ("#key", "#model", "#question", "#send"):
         box = page.locator(selector).bounding_box()
@@ -281,9 +276,7 @@ CONTRAST = """() => {
 @pytest.mark.parametrize("model", ["claude-fast", "claude-flaky"])
 def test_text_contrast_is_at_least_4_5_to_1(page: Any, ui_gateway: RunningGateway, model: str) -> None:
     open_playground(page, ui_gateway)
-    page.select_option("#model", model)
-    page.click("#send")
-    page.wait_for_selector("#state[data-state='complete'], #state[data-state='incomplete']")
+    ask(page, model, "complete|incomplete")
     if model == "claude-fast":
         page.hover("#blocks .cite[data-n='1']")  # the preview's colours too
     assert page.evaluate(CONTRAST) == []
@@ -318,9 +311,7 @@ def test_the_whole_flow_works_from_the_keyboard(page: Any, ui_gateway: RunningGa
 
 def test_stop_leaves_the_partial_answer_marked_incomplete(page: Any, ui_gateway: RunningGateway) -> None:
     open_playground(page, ui_gateway)
-    page.select_option("#model", "claude-paced")
-    page.click("#send")
-    page.wait_for_selector("#state[data-state='streaming']")
+    ask(page, "claude-paced", "streaming")
     page.wait_for_function("() => document.getElementById('blocks').textContent.length > 0")
     page.click("#stop")
     page.wait_for_selector("#state[data-state='incomplete']")
