@@ -10,7 +10,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from gateway.events import Usage
 from gateway.settings import Price
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["CONTENT_TYPE", "TOKEN_TYPES", "Metrics"]
+
+# The ``type`` label of gateway_tokens_total, in the order _Children holds them.
+TOKEN_TYPES = ("input", "output", "cache_read", "cache_creation")
 
 _MISSING = object()
 
@@ -167,9 +170,8 @@ class _Children:
     def __init__(self, metrics: Metrics, alias: str, provider: str, model: str, outcome: str) -> None:
         self.requests = metrics.requests.labels(alias, provider, model, outcome)
         tokens = metrics.tokens
-        self.input = tokens.labels(alias, provider, model, "input")
-        self.output = tokens.labels(alias, provider, model, "output")
-        self.cache_read = tokens.labels(alias, provider, model, "cache_read")
-        self.cache_creation = tokens.labels(alias, provider, model, "cache_creation")
+        self.input, self.output, self.cache_read, self.cache_creation = (
+            tokens.labels(alias, provider, model, token_type) for token_type in TOKEN_TYPES
+        )
         self.duration = metrics.duration.labels(alias, provider)
         self.ttft = metrics.ttft.labels(alias, provider)

@@ -13,6 +13,7 @@ from litestar import Request, Response, get
 from gateway.api import error_response
 from gateway.edge import authenticate
 from gateway.errors import GatewayError, new_request_id
+from gateway.metrics import TOKEN_TYPES
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -23,7 +24,6 @@ __all__ = ["STATUS_HANDLERS", "BreakerCollector", "status_document"]
 _encode = msgspec.json.Encoder().encode
 
 
-_TOKEN_TYPES = ("input", "output", "cache_read", "cache_creation")
 _Totals = dict[tuple[str, str, str], dict[str, float]]
 
 
@@ -53,7 +53,7 @@ def _route(route: Route, now: float, tokens: _Totals, outcomes: _Totals) -> dict
     return {
         "alias": alias,
         "strategy": route.strategy,
-        "tokens": _sum(tokens, alias, None, None, _TOKEN_TYPES),
+        "tokens": _sum(tokens, alias, None, None, TOKEN_TYPES),
         "requests": _sum(outcomes, alias, None, None),
         "targets": [
             {
@@ -61,7 +61,7 @@ def _route(route: Route, now: float, tokens: _Totals, outcomes: _Totals) -> dict
                 "model": target.model,
                 **({"weight": weights[i]} if weights is not None else {}),
                 **target.health.snapshot(now),
-                "tokens": _sum(tokens, alias, target.provider, target.model, _TOKEN_TYPES),
+                "tokens": _sum(tokens, alias, target.provider, target.model, TOKEN_TYPES),
                 "requests": _sum(outcomes, alias, target.provider, target.model),
             }
             for i, target in enumerate(route.targets)
