@@ -524,40 +524,37 @@ static PyObject *chunk_batch(PyObject *module, PyObject *payloads)
     const Py_ssize_t count = PyList_GET_SIZE(payloads);
     if (count == 0)
         Py_RETURN_NONE;
-    /* per event: its offset in the array (count + 1 entries, the last one past the end) and name length */
-    Py_ssize_t *offsets = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(2 * count + 1));
-    if (offsets == NULL)
+    /* per event: where its base64 is (found once, by the first pass), its offset in the array and length,
+     * and its name's length */
+    struct {
+        const unsigned char *digits;
+        Py_ssize_t length, pads, at, size, name;
+    } *events = PyMem_Malloc(sizeof *events * (size_t)count);
+    if (events == NULL)
         return PyErr_NoMemory();
-    Py_ssize_t *names = offsets + count + 1;
     PyObject *array = NULL, *sse = NULL, *joined = NULL, *result = NULL;
 
     Py_ssize_t total = 1; /* '[' */
     for (Py_ssize_t k = 0; k < count; k++) {
         PyObject *payload = PyList_GET_ITEM(payloads, k);
-        const unsigned char *digits;
-        Py_ssize_t length, pads;
         const Py_ssize_t n = chunk_shape((const unsigned char *)PyBytes_AS_STRING(payload),
-                                         PyBytes_GET_SIZE(payload), &digits, &length, &pads);
+                                         PyBytes_GET_SIZE(payload), &events[k].digits, &events[k].length,
+                                         &events[k].pads);
         if (n < 0)
             goto none;
-        offsets[k] = total;
+        events[k].at = total;
+        events[k].size = n;
         total += n + 1; /* the event and ',' (or ']') */
     }
-    offsets[count] = total;
     if ((array = PyBytes_FromStringAndSize(NULL, total)) == NULL)
         goto done;
     unsigned char *a = (unsigned char *)PyBytes_AS_STRING(array);
     a[0] = '[';
     Py_ssize_t names_total = 0;
     for (Py_ssize_t k = 0; k < count; k++) {
-        PyObject *payload = PyList_GET_ITEM(payloads, k);
-        const unsigned char *digits;
-        Py_ssize_t length, pads;
-        chunk_shape((const unsigned char *)PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), &digits, &length,
-                    &pads);
-        unsigned char *event = a + offsets[k];
-        const Py_ssize_t n = offsets[k + 1] - offsets[k] - 1;
-        if (b64_decode(digits, length, pads, event) < 0)
+        unsigned char *event = a + events[k].at;
+        const Py_ssize_t n = events[k].size;
+        if (b64_decode(events[k].digits, events[k].length, events[k].pads, event) < 0)
             goto none;
         event[n] = k + 1 < count ? ',' : ']';
         if (n < (Py_ssize_t)TYPE_HEAD_LENGTH + 2 || memcmp(event, TYPE_HEAD, TYPE_HEAD_LENGTH) != 0 ||
@@ -570,7 +567,7 @@ static PyObject *chunk_batch(PyObject *module, PyObject *payloads)
             m++;
         if (m == 0 || m > MAX_NAME_LENGTH || m >= n - (Py_ssize_t)TYPE_HEAD_LENGTH || name[m] != '"')
             goto none;
-        names[k] = m;
+        events[k].name = m;
         names_total += m;
     }
     /* "event: " name "\ndata: " event "\n\n" */
@@ -581,8 +578,8 @@ static PyObject *chunk_batch(PyObject *module, PyObject *payloads)
     unsigned char *o = (unsigned char *)PyBytes_AS_STRING(sse), *j = (unsigned char *)PyBytes_AS_STRING(joined);
     Py_ssize_t last_frame_at = 0;
     for (Py_ssize_t k = 0; k < count; k++) {
-        const unsigned char *event = a + offsets[k];
-        const Py_ssize_t n = offsets[k + 1] - offsets[k] - 1, m = names[k];
+        const unsigned char *event = a + events[k].at;
+        const Py_ssize_t n = events[k].size, m = events[k].name;
         last_frame_at = o - (unsigned char *)PyBytes_AS_STRING(sse);
         memcpy(o, "event: ", 7);
         memcpy(o + 7, event + TYPE_HEAD_LENGTH, (size_t)m);
@@ -595,13 +592,13 @@ static PyObject *chunk_batch(PyObject *module, PyObject *payloads)
         memcpy(j, event + TYPE_HEAD_LENGTH, (size_t)m);
         j += m;
     }
-    result = Py_BuildValue("(OOOnn)", array, sse, joined, offsets[count - 1], last_frame_at);
+    result = Py_BuildValue("(OOOnn)", array, sse, joined, events[count - 1].at, last_frame_at);
     goto done;
 
 none:
     result = Py_NewRef(Py_None);
 done:
-    PyMem_Free(offsets);
+    PyMem_Free(events);
     Py_XDECREF(array);
     Py_XDECREF(sse);
     Py_XDECREF(joined);
