@@ -225,12 +225,8 @@ static PyObject *scan_views(PyObject *module, PyObject *const *args, Py_ssize_t 
                 }
             }
         }
-        else if ((e = skip_value(p, stop)) == NULL) {
-            Py_DECREF(views);
-            Py_DECREF(misses);
-            PyMem_Free(pieces);
-            Py_RETURN_NONE;
-        }
+        else if ((e = skip_value(p, stop)) == NULL)
+            goto none;
         if (view != NULL) {
             if (PyList_Append(views, view) < 0)
                 goto fail;
@@ -260,12 +256,8 @@ static PyObject *scan_views(PyObject *module, PyObject *const *args, Py_ssize_t 
         p = e;
         if (p == stop)
             break;
-        if (*p != ',' || p + 1 == stop) { /* not a separator, or a trailing one */
-            Py_DECREF(views);
-            Py_DECREF(misses);
-            PyMem_Free(pieces);
-            Py_RETURN_NONE;
-        }
+        if (*p != ',' || p + 1 == stop) /* not a separator, or a trailing one */
+            goto none;
         p++;
     }
 
@@ -287,11 +279,13 @@ static PyObject *scan_views(PyObject *module, PyObject *const *args, Py_ssize_t 
     PyMem_Free(pieces);
     return result;
 
+none: /* not an array this walk can split: msgspec decodes the whole of it */
+    result = Py_NewRef(Py_None);
 fail:
     Py_XDECREF(views);
     Py_XDECREF(misses);
     PyMem_Free(pieces);
-    return NULL;
+    return result;
 }
 
 PyDoc_STRVAR(split_sse_doc,
