@@ -61,3 +61,45 @@ def test_no_cookie_jar_and_streaming_reads(name: str) -> None:
 
     asyncio.run(run())
     assert seen[:2] == [None, None]  # the cookie the first answer set is not sent back
+
+
+def test_at_eof_says_whether_the_body_has_all_arrived() -> None:
+    """aiohttp: False while the provider still owes bytes, True once the body is read to its end, and a
+    response closed there gives its connection back to the pool; httpx cannot tell, so always False."""
+    peers: list[object] = []
+    release: list[asyncio.Event] = []  # one per run: an Event belongs to its loop
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        peers.append(request.transport.get_extra_info("peername"))
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b"event: ping\ndata: {}\n\n")
+        if request.path == "/slow":
+            await release[-1].wait()
+        return resp
+
+    async def run(name: str) -> None:
+        runner, url = await _serve(handler)
+        client = make_client(name)
+        timeouts = Timeouts(5, 5)
+        try:
+            release.append(asyncio.Event())
+            resp = await client.send("POST", url + "/slow", headers={}, body=b"{}", timeouts=timeouts)
+            chunks = resp.chunks()
+            assert await anext(chunks) == b"event: ping\ndata: {}\n\n"
+            assert not resp.at_eof()
+            release[-1].set()
+            assert [c async for c in chunks] == []
+            assert resp.at_eof() is (name == "aiohttp")
+            await resp.aclose()
+            resp = await client.send("POST", url + "/x", headers={}, body=b"{}", timeouts=timeouts)
+            assert b"".join([c async for c in resp.chunks()]) == b"event: ping\ndata: {}\n\n"
+            await resp.aclose()
+            assert peers[-1] == peers[-2]  # one pooled connection for both
+        finally:
+            await client.aclose()
+            await runner.cleanup()
+
+    for name in ("aiohttp", "httpx"):
+        asyncio.run(run(name))
