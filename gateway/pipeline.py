@@ -276,10 +276,10 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
                     tally.observe(view)
                 else:
                     metrics.unknown_events.labels(provider, etype).inc()
-            if validator.state >= State.DONE and outcome is None:
-                outcome = Outcome.COMPLETED if validator.state is State.DONE else Outcome.UPSTREAM_ERROR
             if validator.state >= State.DONE:
                 tally.last_chunk = True  # the client's response can end with this chunk
+                if outcome is None:
+                    outcome = Outcome.COMPLETED if validator.state is State.DONE else Outcome.UPSTREAM_ERROR
             if sent == len(views) and batch.raw is not None:
                 yield batch.raw
             elif sent or failure:
