@@ -4,21 +4,30 @@ Nothing here awaits or sleeps: callers pass ``now`` (monotonic seconds) and a ``
 The one clock read is ``RetryPolicy.decide``'s default for ``now_epoch`` (wall-clock seconds,
 needed only to turn an HTTP-date ``retry-after`` into a delay); pass it to stay deterministic.
 
-One request, as the pipeline is meant to use it::
+One request, as the pipeline uses it::
 
-    order = balancer.plan(now)                 # [] -> every target cools down:
-    if not order:                              #   answer 503 with client_retry_headers(
-        ...                                    #     exhausted=False, cooldown_s=balancer.min_cooldown(now))
+    order = balancer.plan(now)                 # the available targets, strategy order
+    panic = not order                          # none available: the panic rule
+    if panic:
+        order = balancer.panic_order(now)      #   every target, the one free soonest first
     for i in order:
         health = balancer.healths[i]
-        if not health.allow(now):              # acquire: may lose a half-open probe race -> skip
+        lease = health.acquire(now, force=panic)   # may lose a half-open probe race -> None, skip
+        if lease is None:
             continue
-        health.begin()
-        try: ...                               # before the first byte: record_failure(now) on a
-        finally: health.end()                  #   target fault; record_success(now, ttft_s=...) at it
+        try: ...                               # before the first byte: record_failure(now) on a target
+        finally: health.release(lease)         #   fault, throttle(now, s) on a 429, record_success at
+                                               #   the first event; release frees a probe slot left open
 
-``plan`` only peeks (``TargetHealth.available``); ``allow`` is the acquire that takes the single
-half-open probe slot, so a fallback that is planned but never tried does not waste the probe.
+``plan`` only peeks (``TargetHealth.available``); ``acquire`` takes the single half-open probe slot, so a
+fallback that is planned but never tried does not waste the probe, and ``release`` gives it back however the
+attempt ended (a 400, a cancelled client), so a recovered target is never left blocked.
+
+**The panic rule** (Envoy's panic threshold, LiteLLM's "never cool down the only deployment"): the breaker
+orders and skips targets only while another target of the alias is available. When none is — every target
+open, throttled or busy with its probe, and always for a one-target alias whose target is — the request still
+goes out, to the target whose cooldown ends first, and the client gets that provider's real answer. The
+gateway never answers in a provider's place.
 """
 
 from __future__ import annotations
@@ -32,24 +41,31 @@ from collections.abc import Mapping, Sequence
 from email.utils import parsedate_to_datetime
 from typing import Literal, get_args
 
+from gateway.errors import RETRYABLE_STATUSES
+
 __all__ = [
     "STRATEGIES",
     "Balancer",
     "BreakerState",
+    "Lease",
     "RetryPolicy",
     "Strategy",
     "TargetHealth",
     "client_retry_headers",
+    "hinted_delay",
     "min_cooldown",
+    "panic_order",
     "plan",
 ]
 
 BreakerState = Literal["closed", "open", "half_open"]
+Lease = Literal["normal", "probe", "panic"]
+"""How ``acquire`` let a request through: a closed target, the half-open probe slot, or the panic rule."""
 Strategy = Literal["fallback", "weighted", "round_robin", "least_latency"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 
 _MAX_OUTCOMES = 1024  # memory bound of the success-rate window under heavy traffic
-_MAX_HINT_S = 60.0  # longest server-requested wait the gateway sits through
+_MAX_HINT_S = 60.0  # longest server-requested wait the gateway sits through, and the longest throttle
 
 
 class TargetHealth:
@@ -58,7 +74,11 @@ class TargetHealth:
     closed → open: ``failure_threshold`` failures within ``window_s`` (successes in between do
     not reset the count). open → half_open: after ``cooldown_s``. half_open allows ONE probe
     (via ``allow``); its success closes and clears, its failure reopens with a fresh cooldown.
-    A probe that never reports is forgotten after ``probe_timeout_s`` and another is allowed.
+    A probe that never reports is forgotten after ``probe_timeout_s`` and another is allowed; one that
+    ends without a verdict (a 400, a cancelled client) gives its slot back through ``release``.
+
+    Apart from the breaker, a 429 *throttles* the target for its ``retry-after`` (at most 60 s): it is
+    not a health failure, but the target is left out of the plan while it lasts.
     """
 
     __slots__ = (
@@ -66,6 +86,7 @@ class TargetHealth:
         "_open_until",
         "_outcomes",
         "_probe_since",
+        "_throttled_until",
         "consecutive_failures",
         "cooldown_s",
         "failure_threshold",
@@ -105,6 +126,7 @@ class TargetHealth:
         self._outcomes: deque[tuple[float, bool]] = deque(maxlen=_MAX_OUTCOMES)
         self._open_until: float | None = None  # None: closed
         self._probe_since: float | None = None  # half-open probe in flight since
+        self._throttled_until: float | None = None  # a 429's retry-after: left out of plans until then
 
     # -- breaker -------------------------------------------------------------------------------
 
@@ -120,18 +142,49 @@ class TargetHealth:
     def _probe_busy(self, now: float) -> bool:
         return self._probe_since is not None and now - self._probe_since < self.probe_timeout_s
 
+    def throttle_remaining(self, now: float) -> float:
+        """Seconds left of the last 429's ``retry-after``; 0 when not throttled."""
+        return 0.0 if self._throttled_until is None else max(0.0, self._throttled_until - now)
+
+    def blocked_for(self, now: float) -> float:
+        """How long until the target is available again as far as known (the panic order's key)."""
+        return max(self.cooldown_remaining(now), self.throttle_remaining(now))
+
     def available(self, now: float) -> bool:
-        """Would ``allow`` say yes? No side effects (what ``plan`` uses)."""
+        """Would ``acquire`` let a request through without ``force``? No side effects (what ``plan`` uses)."""
+        if self._throttled_until is not None and now < self._throttled_until:
+            return False
         state = self.state(now)
         return state == "closed" or (state == "half_open" and not self._probe_busy(now))
 
-    def allow(self, now: float) -> bool:
-        """Acquire the right to send one request now; in half-open this takes the single probe slot."""
+    def acquire(self, now: float, *, force: bool = False) -> Lease | None:
+        """Take the right to send one request now, or None. In half-open this takes the single probe slot
+        (``"probe"``); ``force`` (the panic rule) lets a request through whatever the state, without the slot."""
         if not self.available(now):
-            return False
+            return "panic" if force else None
         if self._open_until is not None:
             self._probe_since = now
-        return True
+            return "probe"
+        return "normal"
+
+    def allow(self, now: float) -> bool:
+        """``acquire(now)`` as a yes or no."""
+        return self.acquire(now) is not None
+
+    def release(self, lease: Lease | None) -> None:
+        """An attempt let through by ``lease`` is over. A probe that got no verdict (neither
+        ``record_success`` nor ``record_failure``: a non-retryable error, a cancelled client) frees its slot,
+        so the next request may probe at once instead of after ``probe_timeout_s``."""
+        if lease == "probe":
+            self._probe_since = None
+
+    def throttle(self, now: float, seconds: float | None) -> None:
+        """A 429: leave the target out of plans for ``seconds`` (its ``retry-after``; at most 60 s, 1 s when the
+        provider gave none). Not a failure: the breaker's counts do not change."""
+        wait = 1.0 if seconds is None else min(max(seconds, 0.0), _MAX_HINT_S)
+        until = now + wait
+        if self._throttled_until is None or until > self._throttled_until:
+            self._throttled_until = until
 
     def record_success(self, now: float, *, ttft_s: float | None = None) -> None:
         """The target answered (report at its first event). Closes the breaker unless it is still
@@ -142,6 +195,7 @@ class TargetHealth:
         if ttft_s is not None:
             prev = self.ttft_ewma_s
             self.ttft_ewma_s = ttft_s if prev is None else self.ttft_alpha * ttft_s + (1 - self.ttft_alpha) * prev
+        self._throttled_until = None
         if self.state(now) == "half_open":
             self._open_until = None
             self._probe_since = None
@@ -188,6 +242,7 @@ class TargetHealth:
         return {
             "state": self.state(now),
             "cooldown_remaining_s": round(self.cooldown_remaining(now), 3),
+            "throttled_remaining_s": round(self.throttle_remaining(now), 3),
             "success_rate": self.success_rate(now),
             "ttft_ewma_s": self.ttft_ewma_s,
             "inflight": self.inflight,
@@ -205,6 +260,12 @@ def min_cooldown(healths: Sequence[TargetHealth], now: float) -> float | None:
     return min((h.cooldown_remaining(now) for h in healths), default=None)
 
 
+def panic_order(healths: Sequence[TargetHealth], now: float) -> list[int]:
+    """Every target, the one that becomes available soonest first (config order among equals): the order of a
+    request for which ``plan`` found none available (the panic rule)."""
+    return sorted(range(len(healths)), key=lambda i: healths[i].blocked_for(now))
+
+
 def plan(
     strategy: str,
     healths: Sequence[TargetHealth],
@@ -217,8 +278,8 @@ def plan(
 ) -> list[int]:
     """The target indices to try for one request: the primary first, then the fallbacks.
 
-    Targets that are not ``available`` are left out; an empty list means all of them cool down
-    (see ``min_cooldown``). ``rr`` is the request's round-robin ticket (``Balancer`` counts it).
+    Targets that are not ``available`` are left out; an empty list means none is: the caller then applies
+    the panic rule (``panic_order``). ``rr`` is the request's round-robin ticket (``Balancer`` counts it).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}")
@@ -279,6 +340,9 @@ class Balancer:
     def min_cooldown(self, now: float) -> float | None:
         return min_cooldown(self.healths, now)
 
+    def panic_order(self, now: float) -> list[int]:
+        return panic_order(self.healths, now)
+
     def snapshot(self, now: float) -> list[dict[str, object]]:
         return [h.snapshot(now) for h in self.healths]
 
@@ -295,7 +359,7 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return value
 
 
-def _hinted_delay(headers: Mapping[str, str], now_epoch: float | None) -> float | None:
+def hinted_delay(headers: Mapping[str, str], now_epoch: float | None = None) -> float | None:
     """``retry-after-ms``, else ``retry-after`` (seconds or HTTP-date), in seconds; None when absent,
     unparsable or not positive."""
     raw_ms = _header(headers, "retry-after-ms")
@@ -325,7 +389,7 @@ def _hinted_delay(headers: Mapping[str, str], now_epoch: float | None) -> float 
 class RetryPolicy:
     """How long to wait before the next attempt after a failure before the first byte."""
 
-    RETRYABLE = frozenset({429, 500, 502, 503, 504, 529})
+    RETRYABLE = RETRYABLE_STATUSES  # the one table: gateway.errors
 
     __slots__ = ("base_delay_s", "jitter", "max_attempts", "max_delay_s")
 
@@ -340,7 +404,7 @@ class RetryPolicy:
         self.jitter = jitter
 
     def retryable_status(self, status: int | None) -> bool:
-        """429/500/502/503/504/529 and ``None`` (connect error or timeout before the first event)."""
+        """408/429/500/502/503/504/529 and ``None`` (connect error or timeout before the first event)."""
         return status is None or status in self.RETRYABLE
 
     def decide(
@@ -365,7 +429,7 @@ class RetryPolicy:
         should = (_header(headers, "x-should-retry") or "").strip().lower()
         if should == "false" or (should != "true" and not self.retryable_status(status)):
             return None
-        hint = _hinted_delay(headers, now_epoch)
+        hint = hinted_delay(headers, now_epoch)
         if hint is not None:
             return hint if hint <= _MAX_HINT_S else None
         backoff = min(self.base_delay_s * 2.0 ** min(attempt - 1, 64), self.max_delay_s)

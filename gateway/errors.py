@@ -11,6 +11,7 @@ from gateway.events import ErrorDetail, ErrorEvent, encode_event
 from gateway.sse import encode_frame
 
 __all__ = [
+    "RETRYABLE_STATUSES",
     "AuthenticationError",
     "GatewayError",
     "InvalidRequest",
@@ -22,6 +23,7 @@ __all__ = [
     "UpstreamTimeout",
     "envelope",
     "error_frame",
+    "error_headers",
     "error_type_for_status",
     "new_request_id",
     "status_for_error_type",
@@ -41,6 +43,27 @@ _ERROR_TYPES = {
     504: "timeout_error",
     529: "overloaded_error",
 }
+
+
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
+"""The statuses that say "try again": the gateway retries and falls over on them (``RetryPolicy``), counts them as
+a provider's failure (``UpstreamStatusError.retryable``), and a client may retry them. The Anthropic SDKs retry
+the same set (408, 409 and 429 and every 5xx; 409 and 501 are the request's own fault here)."""
+
+
+def _fixable_only_by_the_client(status: int) -> bool:
+    """A 4xx that the same request will get again: 400-499 except 408 (timeout), 409 (conflict), 429 (rate)."""
+    return 400 <= status < 500 and status not in (408, 409, 429)
+
+
+def error_headers(status: int, headers: Mapping[str, str], request_id: str) -> dict[str, str]:
+    """The response headers of an error: ``request-id``, the error's own (an upstream's retry hints, ``allow``…)
+    and, on an error that retrying cannot fix, ``x-should-retry: false`` — without it Claude Code retries a 401
+    with back-off for minutes; with it, it fails at once. An upstream's own ``x-should-retry`` wins."""
+    out = {"request-id": request_id, **headers}
+    if _fixable_only_by_the_client(status) and "x-should-retry" not in out:
+        out["x-should-retry"] = "false"
+    return out
 
 
 _STATUS_FOR_TYPE = {error_type: status for status, error_type in _ERROR_TYPES.items()}  # timeout_error: 504
@@ -102,6 +125,10 @@ class GatewayError(Exception):
     def render(self, request_id: str) -> bytes:
         return self.body if self.body is not None else envelope(self.error_type, self.message, request_id)
 
+    def response_headers(self, request_id: str) -> dict[str, str]:
+        """``error_headers`` for this error."""
+        return error_headers(self.status_code, self.headers, request_id)
+
 
 class InvalidRequest(GatewayError):
     status_code = 400
@@ -155,4 +182,4 @@ class UpstreamStatusError(GatewayError):
         super().__init__(message, headers=headers, body=body)
         self.status_code = status
         self.error_type = error_type
-        self.retryable = status in (408, 429, 500, 502, 503, 504, 529)
+        self.retryable = status in RETRYABLE_STATUSES

@@ -70,6 +70,13 @@ class Metrics:
             ["alias", "from", "to", "reason"],
             registry=r,
         )
+        self.panics = Counter(
+            "gateway_breaker_panics",
+            "Requests sent to a target whose breaker is open or that is throttled, because no target of the alias "
+            "was available (the panic rule: the provider answers, never the gateway in its place).",
+            ["alias"],
+            registry=r,
+        )
         self.added_latency = Histogram(
             "gateway_added_latency_seconds",
             "Time to first byte added by the gateway over the provider's own (retries and fallbacks included).",

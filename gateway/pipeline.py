@@ -17,7 +17,7 @@ from typing import TypeVar
 import msgspec
 
 from adapters.base import EventStream, JsonReply
-from gateway.balance import RetryPolicy, client_retry_headers
+from gateway.balance import RetryPolicy, TargetHealth, client_retry_headers, hinted_delay
 from gateway.errors import (
     GatewayError,
     UpstreamConnectionError,
@@ -37,7 +37,6 @@ from gateway.usage import Outcome, UsageTally, usage_of
 from gateway.validate import KNOWN_EVENTS, State, StreamValidator, Violation
 
 __all__ = [
-    "AllTargetsCooling",
     "OpenStream",
     "Resilience",
     "complete",
@@ -92,12 +91,6 @@ class Resilience:
         self.rng = rng or random.Random()
 
 
-class AllTargetsCooling(GatewayError):
-    status_code = 529
-    error_type = "overloaded_error"
-    retryable = True
-
-
 def outcome_of(exc: GatewayError) -> str:
     """The metrics outcome of a request that failed before its response started."""
     return Outcome.TIMEOUT if exc.error_type == "timeout_error" else Outcome.UPSTREAM_ERROR
@@ -112,39 +105,47 @@ async def _attempts(
     metrics: Metrics,
     tally: UsageTally,
     res: Resilience,
-    attempt: Callable[[Target, str], Awaitable[T]],
+    attempt: Callable[[Target, str, float], Awaitable[T]],
     *,
     hold: bool = False,
+    panic: bool = False,
 ) -> T:
-    """Try the route's targets in the order its balancer gives, within the attempt budget: a retryable failure
-    moves to the next target at once; a second try of the same target waits as the retry policy says
-    (``retry-after``, ``x-should-retry``, backoff). A non-retryable failure ends the request."""
-    now = res.clock()
-    targets = route.plan(now)
-    if not targets:
-        cooldown = route.balancer.min_cooldown(now)
-        raise AllTargetsCooling(
-            f"every target of {route.alias!r} is cooling down after repeated failures",
-            headers=client_retry_headers(exhausted=False, cooldown_s=cooldown),
-        )
+    """Try the route's targets in the order its balancer gives, within the attempt budget and the request's
+    ``total_s``: a retryable failure moves to the next target at once; a second try of the same target waits as
+    the retry policy says (``retry-after``, ``x-should-retry``, backoff). A non-retryable failure ends the
+    request. ``attempt(target, model, seconds_left)`` makes one try.
+
+    When no target is available the panic rule applies (``gateway.balance``): every target, the one free
+    soonest first, and the client gets what the provider answers — never an answer made up in its place."""
+    deadline = res.clock() + res.total_s
+    order = [] if panic else route.plan(res.clock())
+    if not order:
+        panic = True
+        order = route.panic_order(res.clock())
+        metrics.panics.labels(route.alias).inc()
     budget = res.policy.max_attempts
     last: GatewayError | None = None
     tried = 0
     previous: Target | None = None
-    for n in range(budget * len(targets)):
+    for n in range(budget * len(order)):
         if tried >= budget:
             break
-        target = targets[n % len(targets)]
-        if last is not None:
-            if target is previous or n >= len(targets):  # the same target again: wait as the policy says
-                delay = res.policy.decide(_status_of(last), last.headers, tried, rng=res.rng)
-                if delay is None:
-                    break
-                await res.sleep(delay)
-            if previous is not None and previous is not target:
-                metrics.fallbacks.labels(route.alias, previous.provider, target.provider, last.error_type).inc()
+        target = order[n % len(order)]
+        if last is not None and not await _before_next(
+            route,
+            metrics,
+            res,
+            last,
+            tried,
+            previous,
+            target,
+            again=target is previous or n >= len(order),
+            deadline=deadline,
+        ):
+            break
         health = target.health
-        if not health.allow(res.clock()):
+        lease = health.acquire(res.clock(), force=panic)
+        if lease is None:
             continue
         tried += 1
         tally.attempts = tried
@@ -153,33 +154,66 @@ async def _attempts(
         started = res.clock()
         health.begin()
         try:
-            result = await attempt(target, tally.model)
+            result = await attempt(target, tally.model, deadline - started)
         except GatewayError as exc:
             health.end()
             metrics.upstream_errors.labels(target.provider, exc.error_type).inc()
             last = exc
             if not exc.retryable:
                 raise
-            health.record_failure(res.clock())
+            _record_retryable(health, exc, res.clock())
             continue
         except BaseException:
             health.end()
             raise
+        finally:
+            health.release(lease)
         waited = res.clock() - started
         tally.upstream_wait = waited
         health.record_success(res.clock(), ttft_s=waited)
         if not hold:  # a stream stays in flight on its target until stream_body ends it
             health.end()
         return result
-    if last is None:
-        cooldown = route.balancer.min_cooldown(res.clock())
-        raise AllTargetsCooling(
-            f"every target of {route.alias!r} is cooling down after repeated failures",
-            headers=client_retry_headers(exhausted=False, cooldown_s=cooldown),
-        )
+    if last is None:  # every planned target lost its probe slot to another request meanwhile: go anyway
+        return await _attempts(route, request, metrics, tally, res, attempt, hold=hold, panic=True)
     if tried > 1:
         last.headers.update(client_retry_headers(exhausted=True, cooldown_s=None))
     raise last
+
+
+async def _before_next(
+    route: Route,
+    metrics: Metrics,
+    res: Resilience,
+    last: GatewayError,
+    tried: int,
+    previous: Target | None,
+    target: Target,
+    *,
+    again: bool,
+    deadline: float,
+) -> bool:
+    """Between two attempts: trying a target ``again`` waits as the retry policy says, if that ends before
+    the request's deadline; another target is tried at once (a fallback, counted). False: stop here."""
+    if again:
+        delay = res.policy.decide(_status_of(last), last.headers, tried, rng=res.rng)
+        if delay is None or res.clock() + delay >= deadline:
+            return False
+        await res.sleep(delay)
+    elif res.clock() >= deadline:
+        return False
+    if previous is not None and previous is not target:
+        metrics.fallbacks.labels(route.alias, previous.provider, target.provider, last.error_type).inc()
+    return True
+
+
+def _record_retryable(health: TargetHealth, exc: GatewayError, now: float) -> None:
+    """A 429 is the provider asking for time, not failing: the target is throttled for its ``retry-after``.
+    Every other retryable failure counts against the target's breaker."""
+    if exc.status_code == 429:
+        health.throttle(now, hinted_delay(exc.headers))
+    else:
+        health.record_failure(now)
 
 
 def _status_of(exc: GatewayError) -> int | None:
@@ -194,17 +228,21 @@ async def open_stream(
     """A started stream from the first target that yields its first events within the first-event timeout."""
     res = res or _DEFAULT
 
-    async def attempt(target: Target, model: str) -> OpenStream:
+    async def attempt(target: Target, model: str, left: float) -> OpenStream:
         stream: EventStream | None = None
         batches: AsyncGenerator[Batch] | None = None
         try:
-            async with asyncio.timeout(res.first_event_s):
+            async with asyncio.timeout(min(res.first_event_s, left)):
                 stream = await target.adapter.open_stream(request, model)
                 batches = stream.batches()
                 first: Batch = await anext(batches, _EMPTY)
             failure = _early_error(first)
         except TimeoutError:
-            failure = UpstreamTimeout(f"provider {target.provider!r} sent no event within {res.first_event_s:g} s")
+            failure = UpstreamTimeout(
+                f"provider {target.provider!r} sent no event within {res.first_event_s:g} s"
+                if res.first_event_s <= left
+                else f"the request exceeded the gateway's total timeout of {res.total_s:g} s"
+            )
         except StreamInterrupted as exc:
             failure = UpstreamConnectionError(f"provider {target.provider!r}: {exc}")
         except BaseException:
@@ -364,14 +402,16 @@ _decode_usage_only = msgspec.json.Decoder(_UsageOnly).decode
 async def _first_answer(
     route: Route, request: ProxyRequest, metrics: Metrics, tally: UsageTally, res: Resilience, *, count: bool
 ) -> JsonReply:
-    async def attempt(target: Target, model: str) -> JsonReply:
+    async def attempt(target: Target, model: str, left: float) -> JsonReply:
         try:
-            async with asyncio.timeout(res.total_s):
+            async with asyncio.timeout(left):
                 if count:
                     return await target.adapter.count_tokens(request, model)
                 return await target.adapter.complete(request, model)
         except TimeoutError:
-            raise UpstreamTimeout(f"provider {target.provider!r} did not answer within {res.total_s:g} s") from None
+            raise UpstreamTimeout(
+                f"provider {target.provider!r} did not answer within the gateway's total timeout of {res.total_s:g} s"
+            ) from None
 
     return await _attempts(route, request, metrics, tally, res, attempt)
 

@@ -63,8 +63,12 @@ class Route:
         self.max_tokens = max_tokens
 
     def plan(self, now: float) -> list[Target]:
-        """The targets to try for one request, in order (empty: every target is cooling down)."""
+        """The targets to try for one request, in order (empty: none is available; see ``panic_order``)."""
         return [self.targets[i] for i in self.balancer.plan(now)]
+
+    def panic_order(self, now: float) -> list[Target]:
+        """Every target, the one available again soonest first: the order when ``plan`` is empty."""
+        return [self.targets[i] for i in self.balancer.panic_order(now)]
 
 
 class RouteTable:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -132,35 +133,153 @@ providers:
     assert 0.375 <= clock.sleeps[0] <= 0.5 and 0.75 <= clock.sleeps[1] <= 1.0  # exponential with jitter
 
 
-def test_cooldown_entered_and_left(fake: FakeClaudeAPI, clock: FakeClock) -> None:
+def breaker_gateway(fake: FakeClaudeAPI, clock: FakeClock, targets: str, **breaker: Any) -> Any:
+    opts = {"failure_threshold": 2, "window_s": 60, "cooldown_s": 30, **breaker}
     yaml = f"""
-resilience: {{retry: {{max_attempts: 1}}, breaker: {{failure_threshold: 2, window_s: 60, cooldown_s: 30}}}}
+resilience: {{retry: {{max_attempts: 1}}, breaker: {json.dumps(opts)}}}
 providers:
-{claude("c1", fake.base_url)}models: {{"fake-*": {{targets: [{{provider: c1}}]}}}}
+{claude("c1", fake.base_url)}{claude("c2", fake.base_url)}models: {{"fake-*": {{targets: {targets}}}}}
+"""
+    settings = parse_settings(yaml, environ={})
+    return run_gateway(settings, resilience=Resilience(settings.resilience, clock=clock, sleep=clock.sleep))
+
+
+def target_states(http: httpx.Client) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = http.get("/v1/gateway/status").json()["aliases"][0]["targets"]
+    return result
+
+
+def test_a_single_target_alias_is_never_answered_in_the_providers_place(fake: FakeClaudeAPI, clock: FakeClock) -> None:
+    """Before: once the breaker opened, every request for 30 s got a synthetic `529 ... cooling down`
+    without reaching the provider, even ones it would have served. Now the breaker's state runs its course,
+    but every request still goes to the provider (the panic rule), and the client gets its real answer."""
+    with breaker_gateway(fake, clock, "[{provider: c1}]") as gw:
+        http = httpx.Client(base_url=gw.url)
+        for _ in range(2):
+            assert http.post("/v1/messages", json={"model": "fake-status-500", **KW}).status_code == 500
+        assert target_states(http)[0]["state"] == "open"
+        assert 'gateway_target_state{alias="fake-*",model="",provider="c1"} 2.0' in http.get("/metrics").text
+        served = http.post("/v1/messages", json={"model": "fake-text", **KW})
+        assert served.status_code == 200 and served.json()["content"][0]["type"] == "text"
+        limited = http.post("/v1/messages", json={"model": "fake-status-429", **KW})
+        assert limited.status_code == 429 and limited.headers["retry-after"] == "7"  # the provider's own
+        assert limited.json()["error"]["type"] == "rate_limit_error"
+        assert limited.headers["request-id"].startswith("req_fake_")  # its request id too
+        assert "cooling down" not in limited.text
+        assert len(fake.requests) == 4  # every request reached the provider
+        assert gw.sample("gateway_breaker_panics_total", alias="fake-*") == 2
+        clock.now += 31
+        assert target_states(http)[0]["state"] == "half_open"
+        assert http.post("/v1/messages", json={"model": "fake-text", **KW}).status_code == 200  # the probe
+        assert target_states(http)[0]["state"] == "closed"
+        assert 'gateway_target_state{alias="fake-*",model="",provider="c1"} 0.0' in http.get("/metrics").text
+
+
+def test_an_open_target_is_skipped_while_another_can_serve(fake: FakeClaudeAPI, clock: FakeClock) -> None:
+    with breaker_gateway(fake, clock, "[{provider: c1}, {provider: c2}]", failure_threshold=1) as gw:
+        http = httpx.Client(base_url=gw.url)
+        assert http.post("/v1/messages", json={"model": "fake-status-500", **KW}).status_code == 500
+        assert [t["state"] for t in target_states(http)] == ["open", "closed"]
+        fake.reset()
+        resp = http.post("/v1/messages", json={"model": "fake-text", **KW})
+        assert resp.status_code == 200 and resp.headers["x-gateway-provider"] == "c2"
+        assert len(fake.requests) == 1 and gw.sample("gateway_breaker_panics_total", alias="fake-*") == 0
+
+
+def test_when_every_target_is_open_the_one_free_soonest_answers(fake: FakeClaudeAPI, clock: FakeClock) -> None:
+    with breaker_gateway(fake, clock, "[{provider: c1}, {provider: c2}]", failure_threshold=1) as gw:
+        http = httpx.Client(base_url=gw.url)
+        assert http.post("/v1/messages", json={"model": "fake-status-500", **KW}).status_code == 500  # c1 opens
+        clock.now += 10
+        assert http.post("/v1/messages", json={"model": "fake-status-500", **KW}).status_code == 500  # c2 opens
+        assert [t["state"] for t in target_states(http)] == ["open", "open"]
+        resp = http.post("/v1/messages", json={"model": "fake-text", **KW})
+        assert resp.status_code == 200 and resp.headers["x-gateway-provider"] == "c1"  # free 10 s before c2
+
+
+def test_a_429_throttles_its_target_for_its_retry_after_and_is_no_failure(
+    fake: FakeClaudeAPI, clock: FakeClock
+) -> None:
+    yaml = f"""
+resilience: {{retry: {{max_attempts: 2, base_delay_s: 0}}, breaker: {{failure_threshold: 1}}}}
+providers:
+{claude("c1", fake.base_url)}{claude("c2", fake.base_url)}models:
+  limited-then-ok: {{targets: [{{provider: c1, model: fake-status-429}}, {{provider: c2, model: fake-text}}]}}
 """
     settings = parse_settings(yaml, environ={})
     res = Resilience(settings.resilience, clock=clock, sleep=clock.sleep)
     with run_gateway(settings, resilience=res) as gw:
         http = httpx.Client(base_url=gw.url)
+        first = http.post("/v1/messages", json={"model": "limited-then-ok", **KW})
+        assert first.status_code == 200 and first.headers["x-gateway-provider"] == "c2"
+        c1 = target_states(http)[0]
+        assert c1["state"] == "closed" and c1["failures"] == 0  # a 429 is not a health failure
+        assert c1["throttled_remaining_s"] == 7
+        fake.reset()
+        second = http.post("/v1/messages", json={"model": "limited-then-ok", **KW})
+        assert second.headers["x-gateway-provider"] == "c2" and len(fake.requests) == 1  # c1 skipped
+        clock.now += 7
+        fake.reset()
+        http.post("/v1/messages", json={"model": "limited-then-ok", **KW})
+        assert [r.json["model"] for r in fake.requests] == ["fake-status-429", "fake-text"]  # c1 asked again
 
-        def status() -> dict[str, Any]:
-            result: dict[str, Any] = http.get("/v1/gateway/status").json()["aliases"][0]["targets"][0]
-            return result
 
+def test_a_probe_ended_by_a_400_does_not_block_the_recovered_target(fake: FakeClaudeAPI, clock: FakeClock) -> None:
+    """Reproduced before: trip, probe at t=31 gets a 400, requests at t=32 and t=90 both refused."""
+    with breaker_gateway(fake, clock, "[{provider: c1}]") as gw:
+        http = httpx.Client(base_url=gw.url)
         for _ in range(2):
-            assert http.post("/v1/messages", json={"model": "fake-status-500", **KW}).status_code == 500
-        assert status()["state"] == "open"
-        scraped = http.get("/metrics").text
-        assert 'gateway_target_state{alias="fake-*",model="",provider="c1"} 2.0' in scraped
-        cooling = http.post("/v1/messages", json={"model": "fake-text", **KW})
-        assert cooling.status_code == 529 and cooling.json()["error"]["type"] == "overloaded_error"
-        assert cooling.headers["retry-after"] == "30"
-        assert len(fake.requests) == 2  # the cooling target was not asked
+            http.post("/v1/messages", json={"model": "fake-status-500", **KW})
         clock.now += 31
-        assert status()["state"] == "half_open"
-        assert http.post("/v1/messages", json={"model": "fake-text", **KW}).status_code == 200  # the probe
-        assert status()["state"] == "closed" and len(fake.requests) == 3
-        assert 'gateway_target_state{alias="fake-*",model="",provider="c1"} 0.0' in http.get("/metrics").text
+        assert http.post("/v1/messages", json={"model": "fake-status-400", **KW}).status_code == 400  # the probe
+        assert target_states(http)[0]["state"] == "half_open"
+        clock.now += 1
+        assert http.post("/v1/messages", json={"model": "fake-text", **KW}).status_code == 200
+        assert target_states(http)[0]["state"] == "closed"  # that request was the probe, and it closed
+
+
+def test_a_408_is_retried_on_the_same_target(fake: FakeClaudeAPI, clock: FakeClock) -> None:
+    """One table decides retries and failures: a 408 used to fall over and count against the breaker, but was
+    never retried on the same target."""
+    yaml = f"""
+resilience: {{retry: {{max_attempts: 3, base_delay_s: 0.5}}, breaker: {{failure_threshold: 1000}}}}
+providers:
+{claude("c1", fake.base_url)}models: {{slow: {{targets: [{{provider: c1, model: fake-status-408}}]}}}}
+"""
+    settings = parse_settings(yaml, environ={})
+    res = Resilience(settings.resilience, clock=clock, sleep=clock.sleep)
+    with run_gateway(settings, resilience=res) as gw:
+        resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "slow", **KW})
+    assert resp.status_code == 408 and len(fake.requests) == 3 and len(clock.sleeps) == 2
+
+
+def test_total_timeout_bounds_the_retries_of_a_json_request(fake: FakeClaudeAPI, clock: FakeClock) -> None:
+    """``timeouts.total_s`` is the whole request's: a retry whose wait would end past it is not made."""
+    yaml = f"""
+resilience: {{retry: {{max_attempts: 5, base_delay_s: 0.5, max_delay_s: 8}}, timeouts: {{total_s: 1.2}},
+  breaker: {{failure_threshold: 1000}}}}
+providers:
+{claude("c1", fake.base_url)}models: {{broken: {{targets: [{{provider: c1, model: fake-status-500}}]}}}}
+"""
+    settings = parse_settings(yaml, environ={})
+    res = Resilience(settings.resilience, clock=clock, sleep=clock.sleep, rng=random.Random(0))
+    with run_gateway(settings, resilience=res) as gw:
+        resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "broken", **KW})
+    assert resp.status_code == 500
+    assert len(clock.sleeps) == 1 and len(fake.requests) == 2  # the second wait (~1 s) would pass 1.2 s
+
+
+def test_total_timeout_bounds_the_wait_for_a_streams_first_event() -> None:
+    yaml = """
+resilience: {retry: {max_attempts: 3}, timeouts: {first_event_s: 120, total_s: 0.3}}
+providers: {silent: {kind: mock, first_event_delay_ms: 3000}}
+models: {silent: {targets: [{provider: silent}]}}
+"""
+    with run_gateway(yaml) as gw:
+        started = time.monotonic()
+        resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "silent", "stream": True, **KW})
+        assert time.monotonic() - started < 2
+        assert resp.status_code == 504 and "total timeout of 0.3 s" in resp.json()["error"]["message"]
 
 
 # --- strategies over 1,000 requests -------------------------------------------------------------------------

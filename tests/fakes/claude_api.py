@@ -472,6 +472,7 @@ STATUS_SCENARIOS: dict[str, tuple[int, str, str]] = {
     ),
     "fake-status-529": (529, "overloaded_error", "Overloaded"),
     "fake-status-500": (500, "api_error", "Internal server error"),
+    "fake-status-408": (408, "timeout_error", "Request timed out"),
 }
 
 

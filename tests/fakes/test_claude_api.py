@@ -286,6 +286,7 @@ EXPECTED_CLASSES: dict[str, type[anthropic.APIStatusError]] = {
     "fake-status-429": anthropic.RateLimitError,
     "fake-status-529": anthropic.OverloadedError,
     "fake-status-500": anthropic.InternalServerError,
+    "fake-status-408": anthropic.RequestTimeoutError,
 }
 
 
