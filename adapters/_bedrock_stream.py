@@ -4,7 +4,7 @@ as Anthropic ones (protocols.md §3.5, §6)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -17,7 +17,7 @@ from gateway.usage import fold_usage
 
 from ._converse import STREAM_EXCEPTIONS, ConverseTranscoder
 from ._eventstream import EventStreamDecoder, EventStreamError, EventStreamMessage, parse_headers
-from .base import batch_of_block
+from .base import batch_of_block, forwardable_headers, provider_request_id
 
 __all__ = [
     "BEDROCK_ERRORS",
@@ -93,14 +93,21 @@ def error_batch(error_type: str, message: str) -> Batch:
     return Batch(decode_views([data]), [data])
 
 
-def bedrock_error(status: int, error_code: str | None, message: str, provider: str) -> UpstreamStatusError:
+def bedrock_error(
+    status: int,
+    error_code: str | None,
+    message: str,
+    provider: str,
+    headers: Mapping[str, str] | None = None,
+    request_id: str = "",
+) -> UpstreamStatusError:
     """A pre-stream Bedrock failure as the Anthropic error the client's SDK understands (§3.5)."""
     name = (error_code or "").split(":", 1)[0].rsplit("#", 1)[-1]
     mapped = BEDROCK_ERRORS.get(name)
     client_status, error_type = mapped if mapped else (status, error_type_for_status(status))
     if not message:
         message = f"provider {provider!r} answered HTTP {status}" + (f" ({name})" if name else "")
-    return UpstreamStatusError(client_status, error_type, message)
+    return UpstreamStatusError(client_status, error_type, message, headers=headers, request_id=request_id)
 
 
 async def raise_for_bedrock(resp: UpstreamResponse, provider: str) -> None:
@@ -113,19 +120,22 @@ async def raise_for_bedrock(resp: UpstreamResponse, provider: str) -> None:
     except msgspec.DecodeError:
         parsed = _AwsErrorBody(message=body[:300].decode("utf-8", "replace").strip() or None)
     code = resp.headers.get("x-amzn-errortype") or parsed.type_
-    raise bedrock_error(status, code, parsed.message or parsed.Message or "", provider)
+    message = parsed.message or parsed.Message or ""
+    headers = resp.headers
+    raise bedrock_error(status, code, message, provider, forwardable_headers(headers), provider_request_id(headers))
 
 
 class BedrockEventStream:
     """InvokeModelWithResponseStream's event-stream → batches of first-party events."""
 
-    __slots__ = ("_name", "_on_mismatch", "_resp", "headers")
+    __slots__ = ("_name", "_on_mismatch", "_resp", "headers", "request_id")
 
     def __init__(self, resp: UpstreamResponse, provider: str, on_mismatch: Callable[[], None] | None) -> None:
         self._resp = resp
         self._name = provider
         self._on_mismatch = on_mismatch
-        self.headers: dict[str, str] = {}
+        self.headers = forwardable_headers(resp.headers)
+        self.request_id = provider_request_id(resp.headers)
 
     async def batches(self) -> AsyncGenerator[Batch]:
         decoder = EventStreamDecoder()
@@ -310,14 +320,15 @@ def _mismatch(metrics: _InvocationMetrics, usage: Usage) -> bool:
 class ConverseEventStream:
     """ConverseStream's event-stream → the canonical sequence, through the sans-IO ``ConverseTranscoder``."""
 
-    __slots__ = ("_message_id", "_model", "_name", "_resp", "headers")
+    __slots__ = ("_message_id", "_model", "_name", "_resp", "headers", "request_id")
 
     def __init__(self, resp: UpstreamResponse, provider: str, *, model: str, message_id: str) -> None:
         self._resp = resp
         self._name = provider
         self._model = model
         self._message_id = message_id
-        self.headers: dict[str, str] = {}
+        self.headers = forwardable_headers(resp.headers)
+        self.request_id = provider_request_id(resp.headers)
 
     async def batches(self) -> AsyncGenerator[Batch]:
         transcoder = ConverseTranscoder(model=self._model, message_id=self._message_id)

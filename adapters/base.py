@@ -28,23 +28,40 @@ __all__ = [
     "batch_of_block",
     "checked",
     "forwardable_headers",
+    "provider_request_id",
     "raise_for_upstream",
 ]
 
 
 class JsonReply:
-    """A complete JSON answer (non-streamed message, token count)."""
+    """A complete JSON answer (non-streamed message, token count): the headers to forward and the provider's own
+    request id."""
 
-    __slots__ = ("body", "headers", "status")
+    __slots__ = ("body", "headers", "request_id", "status")
 
-    def __init__(self, status: int, body: bytes, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, body: bytes, headers: Mapping[str, str] | None = None, *, request_id: str = ""
+    ) -> None:
         self.status = status
         self.body = body
         self.headers: dict[str, str] = dict(headers or {})
+        self.request_id = request_id or self.headers.get("request-id", "")
+
+    @classmethod
+    def of(cls, resp: UpstreamResponse, body: bytes, status: int | None = None) -> JsonReply:
+        """``body`` as the answer to ``resp`` (its status unless given), with its forwardable headers and id."""
+        headers = resp.headers
+        return cls(
+            resp.status if status is None else status,
+            body,
+            forwardable_headers(headers),
+            request_id=provider_request_id(headers),
+        )
 
 
 class EventStream(Protocol):
-    headers: dict[str, str]
+    headers: dict[str, str]  # the provider's response headers a client reads (forwardable_headers)
+    request_id: str  # the provider's own id of the request (provider_request_id), "" when it gave none
 
     def batches(self) -> AsyncGenerator[Batch]: ...
 
@@ -72,6 +89,13 @@ class Adapter(Protocol):
 
 _FORWARD_EXACT = frozenset({"request-id", "retry-after", "retry-after-ms", "x-should-retry"})
 _FORWARD_PREFIXES = ("anthropic-ratelimit-", "anthropic-priority-")
+
+
+def provider_request_id(headers: Mapping[str, str]) -> str:
+    """The provider's own id for a request, from its response headers (case-insensitive): ``request-id`` (the
+    Claude API, Vertex, Foundry), else AWS's ``x-amzn-requestid`` (Bedrock; what an AWS support case asks for);
+    "" without one. Kept for the access line, never sent to the client unless it is ``request-id``."""
+    return headers.get("request-id") or headers.get("x-amzn-requestid") or ""
 
 
 def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -133,6 +157,7 @@ async def raise_for_upstream(resp: UpstreamResponse, provider: str) -> None:
         return
     body = await resp.read()
     headers = forwardable_headers(resp.headers)
+    rid = provider_request_id(resp.headers)
     try:
         decoded = _decode_envelope(body)
         parsed = decoded[0] if isinstance(decoded, list) and decoded else decoded
@@ -142,15 +167,15 @@ async def raise_for_upstream(resp: UpstreamResponse, provider: str) -> None:
         parsed = _Envelope()
     error = parsed.error
     if parsed.type == "error" and error is not None and error.type:
-        raise UpstreamStatusError(status, error.type, error.message, headers=headers, body=body)
+        raise UpstreamStatusError(status, error.type, error.message, headers=headers, body=body, request_id=rid)
     if error is not None and error.message:  # Google / Azure shape
         client_status, error_type = _GOOGLE_STATUS.get(error.status, (status, error_type_for_status(status)))
         if status == 503 and not error.status:
             client_status, error_type = 529, "overloaded_error"
-        raise UpstreamStatusError(client_status, error_type, error.message, headers=headers)
+        raise UpstreamStatusError(client_status, error_type, error.message, headers=headers, request_id=rid)
     text = body[:300].decode("utf-8", "replace").strip()
     message = f"provider {provider!r} answered HTTP {status}" + (f": {text}" if text else "")
-    raise UpstreamStatusError(status, error_type_for_status(status), message, headers=headers)
+    raise UpstreamStatusError(status, error_type_for_status(status), message, headers=headers, request_id=rid)
 
 
 def batch_of_block(block: bytes) -> Batch:
@@ -199,11 +224,12 @@ def split_after_first_delta(block: bytes) -> tuple[bytes, bytes]:
 class SseEventStream:
     """The event stream of a provider that already speaks the canonical SSE (Claude API, Foundry…)."""
 
-    __slots__ = ("_resp", "headers")
+    __slots__ = ("_resp", "headers", "request_id")
 
     def __init__(self, resp: UpstreamResponse) -> None:
         self._resp = resp
         self.headers = forwardable_headers(resp.headers)
+        self.request_id = provider_request_id(resp.headers)
 
     async def batches(self) -> AsyncGenerator[Batch]:
         feed = SseDecoder().feed_block

@@ -108,7 +108,7 @@ class BedrockAdapter:
         if self._converse:
             return await self._converse_complete(request, model)
         resp = await self._post(self.url(model, "invoke"), self.invoke_body(request), {"accept": "application/json"})
-        return JsonReply(resp.status, await resp.read())
+        return JsonReply.of(resp, await resp.read())
 
     async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
         if self._converse:
@@ -124,7 +124,7 @@ class BedrockAdapter:
             raise UpstreamStatusError(
                 502, "api_error", f"provider {self.name!r}: unexpected CountTokens answer"
             ) from exc
-        return JsonReply(200, _encode({"input_tokens": tokens}))
+        return JsonReply.of(resp, _encode({"input_tokens": tokens}), 200)
 
     # --- api: converse ------------------------------------------------------------------------------------
 
@@ -149,7 +149,7 @@ class BedrockAdapter:
             message = from_converse_response(answer, model=model, message_id=_message_id(request))
         except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
             raise UpstreamStatusError(502, "api_error", f"provider {self.name!r}: unexpected Converse answer") from exc
-        return JsonReply(200, _encode(message))
+        return JsonReply.of(resp, _encode(message), 200)
 
     async def aclose(self) -> None:
         return None

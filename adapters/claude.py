@@ -12,7 +12,7 @@ from gateway.settings import AnthropicProvider, BedrockMantleProvider, ClaudeAws
 from gateway.upstream import HttpClient, Timeouts, UpstreamResponse
 
 from ._aws import CredentialSource, SigV4Signer, sigv4_headers
-from .base import JsonReply, SseEventStream, checked, forwardable_headers
+from .base import JsonReply, SseEventStream, checked
 
 __all__ = [
     "DEFAULT_VERSION",
@@ -107,11 +107,11 @@ class ClaudeAdapter:
 
     async def complete(self, request: ProxyRequest, model: str) -> JsonReply:
         resp = await self._post(self._messages_url, request, self._body(request, model), stream=False)
-        return JsonReply(resp.status, await resp.read(), forwardable_headers(resp.headers))
+        return JsonReply.of(resp, await resp.read())
 
     async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
         resp = await self._post(self._count_url, request, self._body(request, model), stream=False)
-        return JsonReply(resp.status, await resp.read(), forwardable_headers(resp.headers))
+        return JsonReply.of(resp, await resp.read())
 
     async def aclose(self) -> None:
         if self._on_close is not None:

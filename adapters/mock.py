@@ -25,12 +25,13 @@ _MOCK_HEADERS = {"x-gateway-mock": "true"}
 
 
 class _MockStream:
-    __slots__ = ("_config", "_events", "headers")
+    __slots__ = ("_config", "_events", "headers", "request_id")
 
     def __init__(self, events: Batch, config: MockProvider, request_id: str) -> None:
         self._events = events
         self._config = config
         self.headers = {**_MOCK_HEADERS, "request-id": request_id}
+        self.request_id = request_id
 
     async def batches(self) -> AsyncGenerator[Batch]:
         config = self._config

@@ -17,7 +17,7 @@ from gateway.settings import VertexProvider
 from gateway.upstream import HttpClient, Timeouts, UpstreamResponse
 
 from ._google import GoogleCredentialsUnavailable, GoogleTokenSource
-from .base import JsonReply, SseEventStream, checked, forwardable_headers
+from .base import JsonReply, SseEventStream, checked
 from .claude import USER_AGENT
 
 __all__ = ["VertexAdapter", "vertex_base_url"]
@@ -108,12 +108,12 @@ class VertexAdapter:
 
     async def complete(self, request: ProxyRequest, model: str) -> JsonReply:
         resp = await self._post(model, "rawPredict", request, self._body(request), stream=False)
-        return JsonReply(resp.status, await resp.read(), forwardable_headers(resp.headers))
+        return JsonReply.of(resp, await resp.read())
 
     async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
         body = request.body_with(set={"anthropic_version": self._config.anthropic_version, "model": model})
         resp = await self._post("count-tokens", "rawPredict", request, body, stream=False)
-        return JsonReply(resp.status, await resp.read(), forwardable_headers(resp.headers))
+        return JsonReply.of(resp, await resp.read())
 
     async def aclose(self) -> None:
         return None

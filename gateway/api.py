@@ -1,5 +1,5 @@
-"""The Messages API's other routes, in its own shapes, as Litestar handlers (``POST /v1/messages`` itself is
-the plain ASGI endpoint in ``gateway/messages.py``). No stream logic lives here."""
+"""The Messages API's other routes, in its own shapes, as Litestar handlers (``POST /v1/messages`` and
+``/v1/messages/count_tokens`` are the plain ASGI edge in ``gateway/messages.py``). No stream logic lives here."""
 
 from __future__ import annotations
 
@@ -7,16 +7,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from litestar import Request, Response, get, post
+from litestar import Request, Response, get
 from litestar.exceptions import HTTPException
 
-from gateway import pipeline
-from gateway.edge import authenticate, authorize, may_use, proxy_request, read_body
-from gateway.errors import GatewayError, InvalidRequest, NotFound, envelope, error_type_for_status, new_request_id
+from gateway.edge import authenticate, may_use
+from gateway.errors import GatewayError, InvalidRequest, NotFound, error_type_for_status, new_request_id
 from gateway.metrics import CONTENT_TYPE
-from gateway.request import parse_count_tokens
 from gateway.routing import Route
-from gateway.usage import UsageTally
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -34,44 +31,9 @@ def _gateway(request: Request[Any, Any, Any]) -> Gateway:
 
 
 def error_response(exc: GatewayError, request_id: str) -> Response[bytes]:
-    """``exc`` in the Anthropic envelope with its status and headers, and ``request-id``."""
-    headers = dict(exc.headers)
-    headers.setdefault("request-id", request_id)
+    """``exc`` in the Anthropic envelope with its status and ``GatewayError.response_headers``."""
+    headers = exc.response_headers(request_id)
     return Response(exc.render(request_id), status_code=exc.status_code, media_type=_JSON, headers=headers)
-
-
-async def _read_body(gw: Gateway, request: Request[Any, Any, Any]) -> bytes:
-    limit = gw.settings.server.max_request_bytes
-    return await read_body(request.stream(), request.headers.get("content-length"), limit)
-
-
-@post("/v1/messages/count_tokens", status_code=200)
-async def count_tokens(request: Request[Any, Any, Any]) -> Response[bytes]:
-    gw = _gateway(request)
-    rid = new_request_id()
-    try:
-        client_auth, key = authenticate(gw.keys, request.headers)
-        body = await _read_body(gw, request)
-        head = parse_count_tokens(body)
-        route = gw.routes.resolve(head.model)
-        authorize(key, route, head.model)
-        proxied = proxy_request(
-            request.headers,
-            request.scope["query_string"].decode("latin-1"),
-            body=body,
-            model=head.model,
-            stream=False,
-            client_auth=client_auth,
-            request_id=rid,
-            forward=gw.settings.server.forward_headers,
-        )
-        tally = UsageTally(gw.metrics, alias=route.alias)
-        reply = await pipeline.count_tokens(route, proxied, gw.metrics, tally, gw.resilience)
-    except GatewayError as exc:
-        return error_response(exc, rid)
-    return Response(
-        reply.body, status_code=reply.status, media_type=_JSON, headers={"request-id": rid, **reply.headers}
-    )
 
 
 def _model_info(route: Route, model_id: str | None = None) -> dict[str, Any]:
@@ -151,15 +113,10 @@ def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Resp
 
 
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
     rid = new_request_id()
-    return Response(
-        envelope("api_error", "internal gateway error", rid),
-        status_code=500,
-        media_type=_JSON,
-        headers={"request-id": rid},
-    )
+    log.exception("unhandled error on %s %s (request %s)", request.method, request.url.path, rid)
+    return error_response(GatewayError("internal gateway error"), rid)
 
 
-HANDLERS = [count_tokens, list_models, get_model, healthz, metrics]
+HANDLERS = [list_models, get_model, healthz, metrics]
 exception_handlers: dict[int | type[Exception], Any] = {HTTPException: _http_exception, Exception: _unexpected}

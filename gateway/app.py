@@ -7,6 +7,7 @@ import gc
 import logging
 import signal
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,7 +18,8 @@ from litestar import Litestar
 from adapters import Adapter, build_adapter
 from gateway.api import HANDLERS, exception_handlers
 from gateway.edge import build_keys
-from gateway.messages import DRAIN_CANCEL, messages_endpoint, method_not_allowed
+from gateway.errors import GatewayError, new_request_id
+from gateway.messages import DRAIN_CANCEL, messages_endpoint, method_not_allowed, send_error
 from gateway.metrics import Metrics
 from gateway.pages import PAGE_HANDLERS
 from gateway.pipeline import Resilience
@@ -26,7 +28,7 @@ from gateway.settings import ConfigError, Settings, load_settings
 from gateway.status import STATUS_HANDLERS, BreakerCollector
 from gateway.tracing import request_tracer
 from gateway.upstream import HttpClient, make_client
-from gateway.usage import Outcome, UsageTally
+from gateway.usage import Outcome, UsageTally, access_line, access_log
 
 __all__ = ["Gateway", "GatewayApp", "create_app"]
 
@@ -56,6 +58,7 @@ class Gateway:
         self._fixed_resilience = resilience
         self.streams: dict[asyncio.Task[Any], UsageTally] = {}  # in-flight streaming requests, for the drain
         self.draining = False
+        self.active = 0  # Messages-route requests in this process, for server.max_inflight
         self.reloads = 0
         self._retired: list[dict[str, Adapter]] = []
         self.adapters: dict[str, Adapter] = {}
@@ -150,20 +153,100 @@ def _stamp(path: Path) -> tuple[float, int] | None:
     return (stat.st_mtime, stat.st_size)
 
 
+_MESSAGES_ROUTES = {"/v1/messages": False, "/v1/messages/count_tokens": True}  # path -> count
+_PROBES = frozenset({"/", "/api/hello"})  # Claude Code's start-up probes (HEAD): 200, no body
+
+
 class GatewayApp:
-    """The ASGI app: ``POST /v1/messages`` goes straight to its endpoint, everything else to Litestar."""
+    """The ASGI app: the Messages routes go straight to their edge (``gateway/messages.py``), everything else
+    to Litestar, behind one boundary: every request leaves one access line, every response a ``request-id``,
+    and an exception nothing handled becomes ``500 api_error`` in the Anthropic envelope."""
 
     def __init__(self, litestar: Litestar) -> None:
         self.litestar = litestar
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] == "/v1/messages":
-            if scope["method"] == "POST":
-                await messages_endpoint(self.litestar.state.gateway, scope, receive, send)
-            else:
-                await method_not_allowed(scope, send, allow="POST")
-        else:
+        if scope["type"] != "http":
             await self.litestar(scope, receive, send)  # type: ignore[arg-type]
+            return
+        gw: Gateway = self.litestar.state.gateway
+        count = _MESSAGES_ROUTES.get(scope["path"])
+        if count is None:
+            await self._other(gw, scope, receive, send)
+        elif scope["method"] == "POST":
+            await messages_endpoint(gw, scope, receive, send, count=count)
+        else:
+            await method_not_allowed(gw, scope, send, allow="POST")
+
+    async def _other(self, gw: Gateway, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        started = time.monotonic()
+        reply = _Watched(send)
+        outcome = None
+        try:
+            if scope["method"] == "HEAD" and scope["path"] in _PROBES:
+                await reply.send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+                await reply.send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                await self.litestar(scope, receive, reply.send)  # type: ignore[arg-type]
+        except Exception:
+            log.exception("unhandled error on %s %s (request %s)", scope["method"], scope["path"], reply.request_id)
+            outcome = Outcome.INTERNAL_ERROR
+            if not reply.started:
+                await send_error(send, GatewayError("internal gateway error"), reply.request_id)
+                reply.status = 500
+        finally:
+            if access_log.isEnabledFor(logging.INFO):
+                headers = dict(scope["headers"])
+                access_log.info(
+                    "%s",
+                    access_line(
+                        request_id=reply.request_id,
+                        method=scope["method"],
+                        path=scope["path"],
+                        status=reply.status,
+                        outcome=outcome or _outcome_of_status(reply.status),
+                        duration=time.monotonic() - started,
+                        session_id=headers.get(b"x-claude-code-session-id", b"").decode("latin-1"),
+                        agent_id=headers.get(b"x-claude-code-agent-id", b"").decode("latin-1"),
+                    ),
+                )
+
+
+def _outcome_of_status(status: int) -> str:
+    if status == 0:
+        return Outcome.CLIENT_CANCELLED
+    if status >= 500:
+        return Outcome.INTERNAL_ERROR
+    return Outcome.REJECTED if status >= 400 else Outcome.COMPLETED
+
+
+class _Watched:
+    """A route's ``send``, watched: the status and request id it answered with; a response without a
+    ``request-id`` gets the gateway's."""
+
+    __slots__ = ("_send", "request_id", "started", "status")
+
+    def __init__(self, send: Any) -> None:
+        self._send = send
+        self.request_id = new_request_id()
+        self.status = 0
+        self.started = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", ()))
+            for name, value in headers:
+                if name.lower() == b"request-id":
+                    self.request_id = value.decode("latin-1")
+                    break
+            else:
+                headers.append((b"request-id", self.request_id.encode()))
+            message = {**message, "headers": headers}
+            self.status = message["status"]
+            await self._send(message)
+            self.started = True
+            return
+        await self._send(message)
 
 
 def create_app(

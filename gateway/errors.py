@@ -109,6 +109,7 @@ class GatewayError(Exception):
     status_code = 500
     error_type = "api_error"
     retryable = False
+    upstream_request_id = ""  # the provider's own id of the failed request, when a provider answered
 
     def __init__(
         self,
@@ -178,8 +179,10 @@ class UpstreamStatusError(GatewayError):
         *,
         headers: Mapping[str, str] | None = None,
         body: bytes | None = None,
+        request_id: str = "",
     ) -> None:
         super().__init__(message, headers=headers, body=body)
+        self.upstream_request_id = request_id or self.headers.get("request-id", "")
         self.status_code = status
         self.error_type = error_type
         self.retryable = status in RETRYABLE_STATUSES

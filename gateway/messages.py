@@ -1,28 +1,42 @@
-"""``POST /v1/messages`` as a plain ASGI endpoint.
+"""The Messages-shaped routes — ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` — as one plain ASGI
+edge.
 
-Every token a company streams passes here, so this one route skips the framework's request and
-response machinery (Litestar's per-request task group, handler signature and response objects
-measured ~0.15-0.3 ms per stream, a large share of the whole per-stream budget; see
-docs/benchmarks.md). The other routes stay Litestar handlers (``gateway/api.py``).
+Every token a company streams passes here, so these routes skip the framework's request and response
+machinery (Litestar's per-request task group, handler signature and response objects measured ~0.15-0.3 ms
+per stream, a large share of the whole per-stream budget; see docs/benchmarks.md). The other routes stay
+Litestar handlers (``gateway/api.py``). One edge function serves both: authenticate, read the body, parse,
+authorise, route, record — so both leave one access line and one outcome, and share one error boundary.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from adapters.base import JsonReply
 from gateway import pipeline
 from gateway.edge import authenticate, authorize, check_max_tokens, proxy_request, read_body
 from gateway.errors import GatewayError, error_frame, new_request_id
-from gateway.request import parse_messages
+from gateway.request import parse_count_tokens, parse_messages
 from gateway.usage import Outcome, UsageTally
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
-__all__ = ["DRAIN_CANCEL", "messages_endpoint", "method_not_allowed"]
+__all__ = [
+    "DRAIN_CANCEL",
+    "ClientTimeout",
+    "Overloaded",
+    "messages_endpoint",
+    "method_not_allowed",
+    "send_error",
+    "send_internal_error",
+]
+
+log = logging.getLogger("gateway")
 
 DRAIN_CANCEL = "gateway shutting down"  # the cancel message of streams ended by the shutdown drain
 
@@ -31,11 +45,28 @@ Receive = Any
 Send = Any
 
 _JSON_TYPE = (b"content-type", b"application/json")
+_NOSNIFF = (b"x-content-type-options", b"nosniff")
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
+    _NOSNIFF,
 ]
+
+
+class ClientTimeout(GatewayError):
+    """The client went silent for ``server.client_timeout_s`` while sending its body (nginx's
+    ``client_body_timeout``): answered 408, and the connection is closed."""
+
+    status_code = 408
+    error_type = "timeout_error"
+
+
+class Overloaded(GatewayError):
+    """``server.max_inflight`` requests are in flight in this process: the excess is shed at once."""
+
+    status_code = 529
+    error_type = "overloaded_error"
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -46,32 +77,69 @@ def _encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
     return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
 
 
-async def _send_json(send: Send, status: int, body: bytes, headers: Mapping[str, str]) -> None:
-    raw = [_JSON_TYPE, (b"content-length", str(len(body)).encode()), *_encode_headers(headers)]
+class _Reply:
+    """What has gone out to the client so far: tracked, never inferred (a drain's cancel arriving during the
+    last write of a stream must not make a second response head)."""
+
+    __slots__ = ("ended", "started")
+
+    def __init__(self) -> None:
+        self.started = False  # http.response.start sent
+        self.ended = False  # the body's last message (more_body False) sent
+
+
+async def _send_json(send: Send, status: int, body: bytes, headers: Mapping[str, str], reply: _Reply) -> None:
+    raw = [_JSON_TYPE, _NOSNIFF, (b"content-length", str(len(body)).encode()), *_encode_headers(headers)]
     await send({"type": "http.response.start", "status": status, "headers": raw})
+    reply.started = True
     await send({"type": "http.response.body", "body": body, "more_body": False})
+    reply.ended = True
 
 
-async def _send_error(send: Send, exc: GatewayError, request_id: str) -> None:
-    headers = {"request-id": request_id, **exc.headers}
-    await _send_json(send, exc.status_code, exc.render(request_id), headers)
+async def send_error(send: Send, exc: GatewayError, request_id: str, reply: _Reply | None = None) -> None:
+    """``exc`` in the Anthropic envelope, with its status and ``GatewayError.response_headers``."""
+    await _send_json(send, exc.status_code, exc.render(request_id), exc.response_headers(request_id), reply or _Reply())
+
+
+_INTERNAL = "internal gateway error"
+
+
+async def send_internal_error(send: Send, request_id: str, reply: _Reply) -> None:
+    """The error boundary's answer to an exception nothing else handled: ``500 api_error`` in the envelope
+    before the response started; after it, the stream's one ``error`` event and its end."""
+    if reply.ended:
+        return
+    if not reply.started:
+        await send_error(send, GatewayError(_INTERNAL), request_id, reply)
+        return
+    await send({"type": "http.response.body", "body": error_frame("api_error", _INTERNAL), "more_body": False})
+    reply.ended = True
 
 
 class _ClientGone(Exception):
     """The client disconnected before its request body was complete."""
 
 
-async def method_not_allowed(scope: Scope, send: Send, *, allow: str) -> None:
-    rid = new_request_id()
+async def method_not_allowed(gw: Gateway, scope: Scope, send: Send, *, allow: str) -> None:
+    tally = _tally(gw, scope, _headers(scope))
     error = GatewayError(f"{scope['method']} is not allowed on {scope['path']}; use {allow}")
     error.status_code, error.error_type = 405, "invalid_request_error"
     error.headers["allow"] = allow
-    await _send_error(send, error, rid)
+    tally.status = 405
+    tally.record(Outcome.REJECTED)
+    await send_error(send, error, tally.request_id)
 
 
-async def _body_chunks(receive: Receive) -> AsyncIterator[bytes]:
+async def _body_chunks(receive: Receive, silence_s: float) -> AsyncIterator[bytes]:
+    """The request body's chunks; ``ClientTimeout`` once nothing arrived for ``silence_s``."""
     while True:
-        message = await receive()
+        try:
+            async with asyncio.timeout(silence_s):
+                message = await receive()
+        except TimeoutError:
+            raise ClientTimeout(
+                f"the request body stalled: nothing arrived for {silence_s:g} s", headers={"connection": "close"}
+            ) from None
         if message["type"] == "http.disconnect":
             raise _ClientGone
         yield message.get("body", b"")
@@ -79,39 +147,90 @@ async def _body_chunks(receive: Receive) -> AsyncIterator[bytes]:
             return
 
 
-async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: Send) -> None:
-    headers = _headers(scope)
-    rid = new_request_id()
+def _tally(gw: Gateway, scope: Scope, headers: Mapping[str, str]) -> UsageTally:
     tally = UsageTally(gw.metrics, alias="")
-    tally.request_id = rid
+    tally.request_id = new_request_id()
+    tally.method, tally.path = scope["method"], scope["path"]
+    tally.session_id = headers.get("x-claude-code-session-id", "")
+    tally.agent_id = headers.get("x-claude-code-agent-id", "")
+    return tally
+
+
+async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: Send, *, count: bool = False) -> None:
+    """``POST /v1/messages`` (``count=False``) or ``POST /v1/messages/count_tokens``. Sheds the request at once
+    when ``server.max_inflight`` are already in flight; everything that escapes is answered ``500 api_error``."""
+    headers = _headers(scope)
+    tally = _tally(gw, scope, headers)
+    if count:
+        tally.timed = False  # a token count is not a message: no latency histograms
+    limit = gw.settings.server.max_inflight
+    if limit is not None and gw.active >= limit:
+        tally.status = 529
+        tally.record(Outcome.SHED)
+        overloaded = Overloaded(
+            f"the gateway is at its limit of {limit} requests in flight; retry shortly", headers={"retry-after": "1"}
+        )
+        await send_error(send, overloaded, tally.request_id)
+        return
+    gw.active += 1
+    reply = _Reply()
+    try:
+        await _serve(gw, scope, receive, send, headers, tally, reply, count=count)
+    except Exception:
+        log.exception("unhandled error on %s %s (request %s)", scope["method"], scope["path"], tally.request_id)
+        tally.status = tally.status or 500
+        tally.record(Outcome.INTERNAL_ERROR)
+        await send_internal_error(send, tally.request_id, reply)
+    finally:
+        gw.active -= 1
+
+
+async def _serve(
+    gw: Gateway,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    headers: dict[str, str],
+    tally: UsageTally,
+    reply: _Reply,
+    *,
+    count: bool,
+) -> None:
+    rid = tally.request_id
     try:
         client_auth, key = authenticate(gw.keys, headers)
-        limit = gw.settings.server.max_request_bytes
-        body = await read_body(_body_chunks(receive), headers.get("content-length"), limit)
-        head = parse_messages(body)
-        route = gw.routes.resolve(head.model)
-        authorize(key, route, head.model)
-        check_max_tokens(head.max_tokens, route.max_tokens, head.model)
+        server = gw.settings.server
+        body = await read_body(
+            _body_chunks(receive, server.client_timeout_s), headers.get("content-length"), server.max_request_bytes
+        )
+        if count:
+            model, stream, max_tokens = parse_count_tokens(body).model, False, None
+        else:
+            head = parse_messages(body)
+            model, stream, max_tokens = head.model, bool(head.stream), head.max_tokens
+        route = gw.routes.resolve(model)
+        authorize(key, route, model)
+        if max_tokens is not None:
+            check_max_tokens(max_tokens, route.max_tokens, model)
     except GatewayError as exc:
         tally.status = exc.status_code
-        tally.record(Outcome.REJECTED)
-        await _send_error(send, exc, rid)
+        tally.record(Outcome.CLIENT_TIMEOUT if isinstance(exc, ClientTimeout) else Outcome.REJECTED)
+        await send_error(send, exc, rid, reply)
         return
     except _ClientGone:
         tally.record(Outcome.CLIENT_CANCELLED)
         return
     tally.alias = route.alias
-    stream = bool(head.stream)
     query = scope.get("query_string", b"").decode("latin-1")
     request = proxy_request(
         headers,
         query,
         body=body,
-        model=head.model,
+        model=model,
         stream=stream,
         client_auth=client_auth,
         request_id=rid,
-        forward=gw.settings.server.forward_headers,
+        forward=server.forward_headers,
     )
     tally.begin()
     task = asyncio.current_task()
@@ -122,34 +241,36 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
     try:
         try:
             if not stream:
-                reply = await pipeline.complete(route, request, gw.metrics, tally, gw.resilience)
-                tally.first_byte()
-                await _send_json(
-                    send,
-                    reply.status,
-                    reply.body,
-                    {"request-id": rid, **reply.headers, "x-gateway-provider": tally.provider},
+                answer = await (pipeline.count_tokens if count else pipeline.complete)(
+                    route, request, gw.metrics, tally, gw.resilience
                 )
+                await _send_answer(send, answer, tally, reply, recorded=not count)
                 return
             opened = await pipeline.open_stream(route, request, gw.metrics, tally, gw.resilience)
         except GatewayError as exc:
             tally.status = exc.status_code
-            tally.upstream_request_id = exc.headers.get("request-id", "")
+            tally.upstream_request_id = exc.upstream_request_id
             tally.record(pipeline.outcome_of(exc))
-            await _send_error(send, exc, rid)
+            await send_error(send, exc, rid, reply)
             return
-        except BaseException:
+        except asyncio.CancelledError:
             tally.record(Outcome.CLIENT_CANCELLED)
             raise
         extra = {"request-id": rid, **opened.stream.headers, "x-gateway-provider": tally.provider}
-        tally.upstream_request_id = opened.stream.headers.get("request-id", "")
-        ping_s = route.ping_interval_s or gw.settings.server.ping_interval_s
+        tally.upstream_request_id = opened.stream.request_id
+        ping_s = route.ping_interval_s or server.ping_interval_s
         deadline = tally.started + gw.resilience.total_s
         body_iter = pipeline.stream_body(opened, gw.metrics, tally)
         gw.streams[task] = tally
         try:
             await _stream(
-                send, body_iter, _SSE_HEADERS + _encode_headers(extra), tally, ping_s=ping_s, deadline=deadline
+                send,
+                body_iter,
+                _SSE_HEADERS + _encode_headers(extra),
+                tally,
+                ping_s=ping_s,
+                deadline=deadline,
+                reply=reply,
             )
         finally:
             gw.streams.pop(task, None)
@@ -159,6 +280,19 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
         task.uncancel()
     finally:
         watcher.cancel()
+
+
+async def _send_answer(send: Send, answer: JsonReply, tally: UsageTally, reply: _Reply, *, recorded: bool) -> None:
+    """A JSON answer (a message, a token count) as the provider gave it. ``recorded``: the pipeline has
+    recorded it already (a message's usage); a token count is recorded here, with no usage (what it counts
+    was not spent)."""
+    if not recorded:
+        tally.status = answer.status
+        tally.upstream_request_id = answer.request_id
+        tally.record(Outcome.COMPLETED)
+    tally.first_byte()
+    headers = {"request-id": tally.request_id, **answer.headers, "x-gateway-provider": tally.provider}
+    await _send_json(send, answer.status, answer.body, headers, reply)
 
 
 def _client_left(watcher: asyncio.Future[bool]) -> bool:
@@ -179,6 +313,7 @@ class _Keepalive:
         "interval",
         "last",
         "loop",
+        "pinging",
         "send",
         "sending",
         "tally",
@@ -199,6 +334,7 @@ class _Keepalive:
         self.sending = False
         self.done = False
         self.timed_out = False
+        self.pinging: asyncio.Task[None] | None = None  # the ping being written, referenced until it ends
         self.handle = self.loop.call_later(self._next_delay(), self._tick)
 
     def _next_delay(self) -> float:
@@ -216,7 +352,7 @@ class _Keepalive:
             return
         if self.loop.time() - self.last >= self.interval * 0.999 and not self.sending:
             self.sending = True
-            self.loop.create_task(self._ping())
+            self.pinging = self.loop.create_task(self._ping())
             self.last = self.loop.time()
         self.handle = self.loop.call_later(self._next_delay() or self.interval, self._tick)
 
@@ -224,10 +360,13 @@ class _Keepalive:
         try:
             if not self.done:
                 await self.send({"type": "http.response.body", "body": _PING, "more_body": True})
-        except Exception:
+        except (OSError, RuntimeError):
+            # the client is gone (OSError), or the stream's last write went out while this ping waited for the
+            # socket (the server refuses a body message after the end): the stream's own path ends it
             pass
         finally:
             self.sending = False
+            self.pinging = None
 
     def wrote(self) -> None:
         self.last = self.loop.time()
@@ -238,11 +377,19 @@ class _Keepalive:
 
 
 async def _stream(
-    send: Send, body: Any, headers: list[tuple[bytes, bytes]], tally: UsageTally, *, ping_s: float, deadline: float
+    send: Send,
+    body: Any,
+    headers: list[tuple[bytes, bytes]],
+    tally: UsageTally,
+    *,
+    ping_s: float,
+    deadline: float,
+    reply: _Reply | None = None,
 ) -> None:
     """Send the SSE body, one ASGI message per chunk, with pings while the provider is silent."""
     task = asyncio.current_task()
     assert task is not None
+    reply = reply or _Reply()
     keepalive: _Keepalive | None = None
     try:
         # The first chunk is made before the head goes out: from here on the body generator has started,
@@ -251,9 +398,11 @@ async def _stream(
         tally.status = 200
         tally.first_byte()
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        reply.started = True  # (an ASGI send either writes its message or, cancelled, writes nothing)
         if tally.last_chunk:  # the whole stream came in one read: one write, the body's end included
             await body.aclose()  # usage and outcome recorded before the client sees the end
             await send({"type": "http.response.body", "body": first, "more_body": False})
+            reply.ended = True
             return
         keepalive = _Keepalive(send, task, ping_s, deadline, tally)
         if first:
@@ -268,6 +417,7 @@ async def _stream(
         keepalive.stop()
         await body.aclose()  # usage and outcome recorded before the client sees the end
         await send({"type": "http.response.body", "body": chunk, "more_body": False})
+        reply.ended = True
     except asyncio.CancelledError as exc:
         if keepalive is not None and keepalive.timed_out:
             error_type, message = (
@@ -280,9 +430,13 @@ async def _stream(
             raise
         task.uncancel()
         await body.aclose()  # records the usage so far
-        if keepalive is None:
+        if reply.ended:
+            return
+        if not reply.started:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
+            reply.started = True
         await send({"type": "http.response.body", "body": error_frame(error_type, message), "more_body": False})
+        reply.ended = True
     finally:
         if keepalive is not None:
             keepalive.stop()

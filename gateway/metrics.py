@@ -110,7 +110,10 @@ class Metrics:
         usage: Usage,
         duration: float,
         time_to_first_token: float | None,
+        timed: bool = True,
     ) -> None:
+        """One request's outcome and tokens; ``timed``: observe its duration and time to first token too (not
+        for a token count, whose latency is not a message's)."""
         children = self._children.get((alias, provider, model, outcome))
         if children is None:
             children = self._children[(alias, provider, model, outcome)] = _Children(
@@ -136,7 +139,7 @@ class Metrics:
                 ) / 1_000_000
                 if cost:
                     self.cost.labels(alias, provider, model).inc(cost)
-        if provider:
+        if provider and timed:
             children.duration.observe(duration)
             if time_to_first_token is not None:
                 children.ttft.observe(time_to_first_token)

@@ -340,6 +340,9 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
                 metrics.upstream_errors.labels(provider, kind).inc()
                 yield error_frame(kind, f"provider {provider!r}: {exc}")
                 return
+    except Exception:
+        outcome = Outcome.INTERNAL_ERROR  # a bug: the edge's error boundary logs it and ends the stream
+        raise
     finally:
         health = opened.target.health
         health.end()
@@ -424,7 +427,7 @@ async def complete(
         reply = await _first_answer(route, request, metrics, tally, res or _DEFAULT, count=False)
     except GatewayError as exc:
         tally.status = exc.status_code
-        tally.upstream_request_id = exc.headers.get("request-id", "")
+        tally.upstream_request_id = exc.upstream_request_id
         tally.record(outcome_of(exc))
         raise
     except (asyncio.CancelledError, GeneratorExit):
@@ -437,7 +440,7 @@ async def complete(
     if usage is not None:
         tally.usage = usage_of(usage)
     tally.status = reply.status
-    tally.upstream_request_id = reply.headers.get("request-id", "")
+    tally.upstream_request_id = reply.request_id
     tally.record(Outcome.COMPLETED)
     return reply
 

@@ -53,11 +53,16 @@ def _explain(exc: msgspec.DecodeError) -> str:
     return f"request body is not valid JSON: {text}"
 
 
+_TOO_DEEP = "request body is nested too deeply to decode"
+
+
 def parse_messages(body: bytes) -> MessagesHead:
     try:
         return _decode_messages(body)
     except msgspec.DecodeError as exc:
         raise InvalidRequest(_explain(exc)) from exc
+    except RecursionError:  # msgspec decodes nested arrays and objects recursively, skipped fields included
+        raise InvalidRequest(_TOO_DEEP) from None
 
 
 def parse_count_tokens(body: bytes) -> CountTokensHead:
@@ -65,6 +70,8 @@ def parse_count_tokens(body: bytes) -> CountTokensHead:
         return _decode_count(body)
     except msgspec.DecodeError as exc:
         raise InvalidRequest(_explain(exc)) from exc
+    except RecursionError:
+        raise InvalidRequest(_TOO_DEEP) from None
 
 
 class ProxyRequest:

@@ -66,6 +66,13 @@ class ServerSettings(_Strict, frozen=True, kw_only=True):
     forward_headers: list[str] | None = None  # client headers allowed upstream; None: anthropic-beta
     tracing: bool = False  # OpenTelemetry spans, one per request (the `otel` extra)
     ui: bool = True  # the browser pages: GET /playground and GET /status (static; they call the API with a key)
+    # the longest silence tolerated while a client sends its request head (then the connection is closed) or
+    # body (then 408 and close): nginx's client_header_timeout / client_body_timeout
+    client_timeout_s: PositiveFloat = 60.0
+    # Messages requests in flight per process beyond which new ones get 529 + retry-after at once; None: no limit
+    max_inflight: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024  # request line + headers; over it: 431
+    max_headers: Annotated[int, msgspec.Meta(ge=1)] = 100  # header fields per request; over it: 431
 
 
 class RetrySettings(_Strict, frozen=True, kw_only=True):

@@ -18,7 +18,7 @@ from gateway.events import EventView, Usage, UsageView
 if TYPE_CHECKING:
     from gateway.metrics import Metrics
 
-__all__ = ["Outcome", "UsageTally", "fold_usage", "overwrite_present", "usage_of"]
+__all__ = ["Outcome", "UsageTally", "access_line", "fold_usage", "overwrite_present", "usage_of"]
 
 EMPTY = Usage()
 
@@ -32,8 +32,55 @@ class Outcome:
     UPSTREAM_ERROR = "upstream_error"
     CLIENT_CANCELLED = "client_cancelled"
     TIMEOUT = "timeout"
-    REJECTED = "rejected"
+    REJECTED = "rejected"  # the request's own fault (4xx before routing or at it)
     INVALID_STREAM = "invalid_stream"
+    INTERNAL_ERROR = "internal_error"  # an exception the gateway did not handle: 500 api_error
+    SHED = "shed"  # server.max_inflight reached: 529 at once
+    CLIENT_TIMEOUT = "client_timeout"  # the client went silent mid-request (server.client_timeout_s): 408
+
+
+def access_line(
+    *,
+    request_id: str,
+    method: str,
+    path: str,
+    status: int,
+    outcome: str,
+    duration: float,
+    session_id: str = "",
+    agent_id: str = "",
+    upstream_request_id: str = "",
+    alias: str = "",
+    provider: str = "",
+    model: str = "",
+    ttft: float | None = None,
+    usage: Usage = EMPTY,
+    attempts: int = 0,
+) -> str:
+    """One request as one JSON object, the same keys for every route: no prompt text, no keys, nothing from the
+    client but its model name, method, path and Claude Code's session and agent ids."""
+    return _encode_line(
+        {
+            "request_id": request_id,
+            "upstream_request_id": upstream_request_id,
+            "method": method,
+            "path": path,
+            "alias": alias,
+            "provider": provider,
+            "model": model,
+            "status": status,
+            "outcome": outcome,
+            "ttft_ms": None if ttft is None else round(ttft * 1000, 2),
+            "duration_ms": round(duration * 1000, 2),
+            "input_tokens": usage.input_tokens or 0,
+            "output_tokens": usage.output_tokens or 0,
+            "cache_read_input_tokens": usage.cache_read_input_tokens or 0,
+            "cache_creation_input_tokens": usage.cache_creation_input_tokens or 0,
+            "attempts": attempts,
+            "session_id": session_id,
+            "agent_id": agent_id,
+        }
+    ).decode()
 
 
 def usage_of(view: UsageView) -> Usage:
@@ -76,19 +123,24 @@ class UsageTally:
     __slots__ = (
         "_clock",
         "_metrics",
+        "agent_id",
         "alias",
         "attempts",
         "cancel_outcome",
         "first_token_at",
         "inflight",
         "last_chunk",
+        "method",
         "model",
+        "path",
         "provider",
         "recorded",
         "request_id",
+        "session_id",
         "started",
         "started_ns",
         "status",
+        "timed",
         "upstream_request_id",
         "upstream_wait",
         "usage",
@@ -121,6 +173,11 @@ class UsageTally:
         self.upstream_wait: float | None = None  # the answering provider's own time to its first event
         self.cancel_outcome = Outcome.CLIENT_CANCELLED  # what a stream cut short by the gateway records
         self.last_chunk = False  # the stream's body generator is yielding its final chunk
+        self.method = "POST"
+        self.path = "/v1/messages"
+        self.session_id = ""  # x-claude-code-session-id
+        self.agent_id = ""  # x-claude-code-agent-id
+        self.timed = True  # observe the latency histograms (not for a token count)
 
     def begin(self) -> None:
         """The request is being served: counted in flight until ``record``."""
@@ -157,6 +214,7 @@ class UsageTally:
             usage=self.usage,
             duration=duration,
             time_to_first_token=ttft,
+            timed=self.timed,
         )
         if access_log.isEnabledFor(logging.INFO):
             access_log.info("%s", self._access_line(outcome, ttft, duration))
@@ -187,23 +245,20 @@ class UsageTally:
         span.end()
 
     def _access_line(self, outcome: str, ttft: float | None, duration: float) -> str:
-        """One JSON object: no prompt text, no keys, nothing from the client but its model name."""
-        usage = self.usage
-        return _encode_line(
-            {
-                "request_id": self.request_id,
-                "upstream_request_id": self.upstream_request_id,
-                "alias": self.alias,
-                "provider": self.provider,
-                "model": self.model,
-                "status": self.status,
-                "outcome": outcome,
-                "ttft_ms": None if ttft is None else round(ttft * 1000, 2),
-                "duration_ms": round(duration * 1000, 2),
-                "input_tokens": usage.input_tokens or 0,
-                "output_tokens": usage.output_tokens or 0,
-                "cache_read_input_tokens": usage.cache_read_input_tokens or 0,
-                "cache_creation_input_tokens": usage.cache_creation_input_tokens or 0,
-                "attempts": self.attempts,
-            }
-        ).decode()
+        return access_line(
+            request_id=self.request_id,
+            method=self.method,
+            path=self.path,
+            status=self.status,
+            outcome=outcome,
+            duration=duration,
+            session_id=self.session_id,
+            agent_id=self.agent_id,
+            upstream_request_id=self.upstream_request_id,
+            alias=self.alias,
+            provider=self.provider,
+            model=self.model,
+            ttft=ttft,
+            usage=self.usage,
+            attempts=self.attempts,
+        )

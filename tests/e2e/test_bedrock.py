@@ -444,3 +444,39 @@ def test_converse_count_tokens(fake: FakeBedrock, gw: RunningGateway) -> None:
     assert result.input_tokens > 0
     request = fake.requests[-1]
     assert request.operation == "count-tokens" and "converse" in request.json["input"]
+
+
+# --- the provider's request id, for an AWS support case ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        ("us.anthropic.fake-text-v1:0", {"stream": True}),
+        ("us.anthropic.fake-text-v1:0", {}),
+        ("converse-text", {"stream": True}),
+        ("converse-text", {}),
+        ("us.anthropic.fake-status-ThrottlingException", {}),
+    ],
+)
+def test_bedrocks_request_id_is_kept(
+    model: str, body: dict[str, Any], fake: FakeBedrock, gw: RunningGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``x-amzn-RequestId`` used to be dropped: ``upstream_request_id`` was empty for every Bedrock request."""
+    import json
+    import logging
+    import time
+    import uuid
+
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    resp = httpx.post(f"{gw.url}/v1/messages", json={"model": model, **KW, **body}, headers=AUTH, timeout=10)
+    rid = resp.headers["request-id"]
+    deadline = time.monotonic() + 5
+    lines: list[dict[str, Any]] = []
+    while not lines and time.monotonic() < deadline:
+        lines = [json.loads(r.getMessage()) for r in caplog.records if r.name == "gateway.access"]
+        lines = [line for line in lines if rid in (line["request_id"], line["upstream_request_id"])]
+        time.sleep(0.02)
+    (line,) = lines
+    uuid.UUID(line["upstream_request_id"])  # AWS's id, as the fake sends it (a UUID)
+    assert not any(h.startswith("x-amzn") for h in resp.headers)  # kept in the line, not sent to the client

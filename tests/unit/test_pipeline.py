@@ -51,6 +51,7 @@ class FakeStream:
         self._interrupt = interrupt
         self._eof = eof
         self.headers: dict[str, str] = {}
+        self.request_id = ""
         self.closed = False
         self.consumed = False
 

@@ -76,3 +76,43 @@ def test_a_stream_that_just_stops_gets_its_error_then_the_end() -> None:
     assert events[-1]["type"] == "error" and "without message_stop" in events[-1]["error"]["message"]
     assert got[-1] == (b"", False)
     assert tally.recorded == "upstream_error"
+
+
+def test_a_drain_cancel_during_the_last_write_never_sends_a_second_head() -> None:
+    """Reproduced before: a stream whose whole answer arrived in one read, a slow ``send`` and the drain's
+    cancel gave ``start, body, start, body``, because "the head was sent" was inferred from the keep-alive
+    timer (none yet for a stream in one read). It is tracked now."""
+    from gateway.messages import DRAIN_CANCEL
+
+    metrics = Metrics()
+    tally = UsageTally(metrics, alias="a", provider="p", model="m")
+    stream = FakeStream([GOOD])
+
+    async def go() -> list[dict[str, Any]]:
+        gen = stream.batches()
+        opened = OpenStream(_Target(), stream, gen, await anext(gen))  # type: ignore[arg-type]
+        sent: list[dict[str, Any]] = []
+        release, waiting = asyncio.Event(), asyncio.Event()
+
+        async def slow_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                waiting.set()
+                await release.wait()  # the socket is full: the write waits (and, cancelled, writes nothing)
+            sent.append(message)
+
+        task = asyncio.ensure_future(
+            _stream(
+                slow_send, stream_body(opened, metrics, tally), [], tally, ping_s=30.0, deadline=time.monotonic() + 60
+            )
+        )
+        await waiting.wait()
+        task.cancel(DRAIN_CANCEL)  # the drain timeout ran out while the last write waited
+        release.set()
+        await task
+        return sent
+
+    sent = asyncio.run(go())
+    kinds = [m["type"] for m in sent]
+    assert kinds.count("http.response.start") == 1
+    assert kinds == ["http.response.start", "http.response.body"] and sent[-1]["more_body"] is False
+    assert b'"type":"error"' in sent[-1]["body"]  # the body never went out: the stream ends in `error`
