@@ -24,6 +24,7 @@ from gateway.metrics import Metrics
 from gateway.pages import PAGE_HANDLERS
 from gateway.pipeline import Resilience
 from gateway.routing import RouteTable
+from gateway.server import HeaderLimits
 from gateway.settings import ConfigError, Settings, load_settings
 from gateway.status import STATUS_HANDLERS, BreakerCollector
 from gateway.tracing import request_tracer
@@ -164,6 +165,14 @@ class GatewayApp:
 
     def __init__(self, litestar: Litestar) -> None:
         self.litestar = litestar
+
+    def header_limits(self) -> HeaderLimits:
+        """What ``gateway.server``'s protocol enforces on a request head, from the running config."""
+        gw: Gateway | None = getattr(self.litestar.state, "gateway", None)
+        if gw is None:
+            return HeaderLimits()
+        server = gw.settings.server
+        return HeaderLimits(server.max_header_bytes, server.max_headers, server.client_timeout_s)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from gateway.server import PROTOCOL
 from gateway.settings import ConfigError, default_config_path, load_settings
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=port,
         workers=workers,
         loop="uvloop",
-        http="httptools",
+        http=PROTOCOL,  # httptools, with limits on the request head (gateway/server.py)
         lifespan="on",
         access_log=False,
         log_level="warning",

@@ -18,6 +18,7 @@ import uvicorn
 from gateway.app import create_app
 from gateway.metrics import Metrics
 from gateway.pipeline import Resilience
+from gateway.server import PROTOCOL
 from gateway.settings import Settings, parse_settings
 from tests.fakes.claude_api import FakeClaudeAPI
 
@@ -47,7 +48,7 @@ def run_gateway(
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, loop="asyncio", http="httptools", lifespan="on", log_level="warning", access_log=False)
+    config = uvicorn.Config(app, loop="asyncio", http=PROTOCOL, lifespan="on", log_level="warning", access_log=False)
     server = uvicorn.Server(config)
 
     def serve() -> None:

@@ -1,0 +1,184 @@
+"""uvicorn's httptools protocol with the limits a hostile client needs and httptools does not have.
+
+httptools (llhttp) buffers a request head of any size — 100,000 headers, a 256 MiB header (accumulated by
+repeated concatenation: quadratic) — and uvicorn waits for a head for ever: a client that opens a connection
+and sends half a request line holds it until it closes it. ``GuardedHttpToolsProtocol`` adds, before anything
+else reads the head:
+
+- ``server.max_header_bytes`` (request line and headers) and ``server.max_headers`` (header fields): over either,
+  ``431`` in the Anthropic envelope and the connection closed. The size is counted on the bytes received while
+  a head is being read, so a head that never ends is cut off within one socket read of the limit.
+- ``server.client_timeout_s``: the longest silence while a head is being received (nginx's
+  ``client_header_timeout``): then the connection is closed (the head is incomplete: no request to answer). The
+  same silence while the body is being received is the Messages edge's 408 (``gateway.messages``).
+- a malformed request gets its ``400`` in the envelope too, not uvicorn's plain text.
+
+The limits are read from the running gateway's settings (``GatewayApp``) at each connection, so a reload
+applies to new connections. Every rejection leaves an access line, as every request does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.errors import envelope, error_headers, new_request_id
+from gateway.usage import Outcome, access_line, access_log
+
+__all__ = ["PROTOCOL", "GuardedHttpToolsProtocol", "HeaderLimits"]
+
+log = logging.getLogger("gateway")
+
+PROTOCOL = "gateway.server:GuardedHttpToolsProtocol"  # uvicorn's `http=` setting for this protocol
+
+
+class HeaderLimits:
+    __slots__ = ("head_timeout_s", "max_header_bytes", "max_headers")
+
+    def __init__(self, max_header_bytes: int = 64 * 1024, max_headers: int = 100, head_timeout_s: float = 60.0) -> None:
+        self.max_header_bytes = max_header_bytes
+        self.max_headers = max_headers
+        self.head_timeout_s = head_timeout_s
+
+
+_DEFAULT_LIMITS = HeaderLimits()
+
+
+def _limits_of(app: Any) -> HeaderLimits:
+    """The limits of the gateway behind uvicorn's middleware (``ProxyHeadersMiddleware`` wraps the app)."""
+    for _ in range(8):
+        limits = getattr(app, "header_limits", None)
+        if callable(limits):
+            found: HeaderLimits = limits()
+            return found
+        app = getattr(app, "app", None)
+        if app is None:
+            break
+    return _DEFAULT_LIMITS
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._limits = _limits_of(self.app)
+        self._in_head = True  # the next bytes belong to a request head
+        self._head_bytes = 0  # bytes received while in the head
+        self._header_bytes = 0  # what the parser handed over: url and header fields
+        self._header_count = 0
+        self._rejection: str | None = None
+        self._last_read = self.loop.time()
+        self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
+            self._limits.head_timeout_s, self._head_timeout
+        )
+
+    # -- the head's size and count ----------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        in_head = self._in_head
+        if in_head:
+            self._head_bytes += len(data)
+            self._last_read = self.loop.time()
+            if self._head_timer is None:
+                self._head_timer = self.loop.call_later(self._limits.head_timeout_s, self._head_timeout)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > self._limits.max_header_bytes and not self.transport.is_closing():
+            self._reject_head(f"the request head exceeds {self._limits.max_header_bytes} bytes")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_bytes = self._header_count = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._header_bytes += len(url)
+        if self._header_bytes > self._limits.max_header_bytes:
+            self._rejection = f"the request head exceeds {self._limits.max_header_bytes} bytes"
+            raise _HeadTooLarge
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        self._header_bytes += len(name) + len(value) + 4
+        limits = self._limits
+        if self._header_count > limits.max_headers:
+            self._rejection = f"the request has more than {limits.max_headers} header fields"
+            raise _HeadTooLarge
+        if self._header_bytes > limits.max_header_bytes:
+            self._rejection = f"the request head exceeds {limits.max_header_bytes} bytes"
+            raise _HeadTooLarge
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head = True  # what comes next on this connection is the next request's head
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to what the parser refused: a head over the limits (431) or a malformed one (400)."""
+        if self._rejection is not None:
+            self._reject_head(self._rejection)
+        else:
+            self._write_error(400, "invalid_request_error", "the request is not valid HTTP/1.1")
+
+    def _reject_head(self, message: str) -> None:
+        self._write_error(431, "invalid_request_error", f"{message}; the gateway refuses it")
+
+    def _write_error(self, status: int, error_type: str, message: str) -> None:
+        rid = new_request_id()
+        body = envelope(error_type, message, rid)
+        headers = error_headers(status, {}, rid)
+        reason = {400: b"Bad Request", 431: b"Request Header Fields Too Large"}[status]
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, reason)]
+        head += [b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items()]
+        head += [
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n",
+        ]
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
+        self._cancel_head_timer()
+        self._log(rid, status, Outcome.REJECTED)
+
+    # -- the head's silence -------------------------------------------------------------------------------------
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if not self._in_head or self.transport.is_closing():
+            return
+        silent = self.loop.time() - self._last_read
+        left = self._limits.head_timeout_s - silent
+        if left > 0:  # bytes arrived since the timer was set: wait for the rest of the silence
+            self._head_timer = self.loop.call_later(left, self._head_timeout)
+            return
+        started = self._head_bytes > 0
+        self.transport.close()
+        if started:  # a request that stopped half-way through its head
+            self._log(new_request_id(), 0, Outcome.CLIENT_TIMEOUT)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def _log(self, request_id: str, status: int, outcome: str) -> None:
+        if access_log.isEnabledFor(logging.INFO):
+            access_log.info(
+                "%s",
+                access_line(request_id=request_id, method="", path="", status=status, outcome=outcome, duration=0.0),
+            )

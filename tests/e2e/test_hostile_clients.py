@@ -1,0 +1,231 @@
+"""Hostile clients, on raw sockets against the real server: a head or body that stalls, heads over the size
+and count limits, malformed HTTP, and an overload that sheds only the excess."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import RunningGateway, run_gateway
+
+KW: dict[str, Any] = {"max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}]}
+
+
+@pytest.fixture(scope="module")
+def gw() -> Iterator[RunningGateway]:
+    yaml = """
+server: {client_timeout_s: 0.4, max_header_bytes: 8192, max_headers: 30}
+providers: {m: {kind: mock, deltas: 3}}
+models: {m: {targets: [{provider: m}]}}
+"""
+    with run_gateway(yaml) as running:
+        yield running
+
+
+def connect(gw: RunningGateway) -> socket.socket:
+    host, port = gw.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def read_all(sock: socket.socket, limit: float = 5.0) -> bytes:
+    """Everything the server sends until it closes the connection (or ``limit`` seconds pass)."""
+    sock.settimeout(limit)
+    out = b""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            break
+        if not chunk:
+            return out
+        out += chunk
+    raise AssertionError(f"the server kept the connection open; got {out[:200]!r}")
+
+
+def response(raw: bytes) -> tuple[int, dict[str, str], Any]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return status, headers, json.loads(body) if body else None
+
+
+# --- a client that stops half-way ------------------------------------------------------------------------------
+
+
+def test_a_stalled_body_gets_408_and_the_connection_is_closed(gw: RunningGateway) -> None:
+    sock = connect(gw)
+    sock.sendall(
+        b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n"
+        b'{"model": "m", '
+    )
+    started = time.monotonic()
+    status, headers, body = response(read_all(sock))
+    assert time.monotonic() - started < 3
+    assert status == 408 and body["error"]["type"] == "timeout_error" and "stalled" in body["error"]["message"]
+    assert headers["connection"] == "close" and headers["request-id"]
+    assert gw.sample("gateway_requests_total", alias="", provider="", model="", outcome="client_timeout") >= 1
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [b"", b"POST /v1/messa", b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n"],
+    ids=["nothing", "half-a-request-line", "half-a-head"],
+)
+def test_a_stalled_head_is_closed_after_the_client_timeout(gw: RunningGateway, sent: bytes) -> None:
+    sock = connect(gw)
+    sock.sendall(sent)
+    started = time.monotonic()
+    assert read_all(sock) == b""  # closed, nothing to answer: the head never ended
+    assert 0.3 < time.monotonic() - started < 3
+
+
+def test_hundreds_of_stalled_connections_are_all_let_go(gw: RunningGateway) -> None:
+    """Before: 900 connections that stopped half-way through their body were all still held after 70 s."""
+    socks = []
+    for i in range(300):
+        sock = connect(gw)
+        if i % 2:
+            sock.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{")
+        else:
+            sock.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n")
+        socks.append(sock)
+    time.sleep(0.5)
+    deadline = time.monotonic() + 10
+    open_ones = list(socks)
+    while open_ones and time.monotonic() < deadline:
+        still = []
+        for sock in open_ones:
+            sock.settimeout(0.01)
+            try:
+                while sock.recv(65536):
+                    pass
+            except TimeoutError:
+                still.append(sock)  # nothing yet, and not closed
+            except OSError:
+                pass
+        open_ones = still
+    for sock in socks:
+        sock.close()
+    assert not open_ones, f"{len(open_ones)} connections still held"
+    assert httpx.get(f"{gw.url}/healthz").status_code == 200
+
+
+# --- request heads over the limits ---------------------------------------------------------------------------
+
+
+def head_with(extra: bytes) -> bytes:
+    return b"GET /healthz HTTP/1.1\r\nhost: x\r\n" + extra + b"\r\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        (b"".join(b"x-h%d: v\r\n" % i for i in range(40)), "more than 30 header fields"),
+        (b"x-big: " + b"a" * 20_000 + b"\r\n", "exceeds 8192 bytes"),
+    ],
+    ids=["too-many", "one-too-large"],
+)
+def test_a_head_over_the_limits_gets_431_in_the_envelope(gw: RunningGateway, extra: bytes, reason: str) -> None:
+    sock = connect(gw)
+    sock.sendall(head_with(extra))
+    status, headers, body = response(read_all(sock))
+    assert status == 431 and headers["connection"] == "close" and headers["x-should-retry"] == "false"
+    assert body["type"] == "error" and reason in body["error"]["message"]
+    assert body["request_id"] == headers["request-id"]
+
+
+def test_a_head_that_never_ends_is_cut_off_at_the_limit_and_nobody_else_waits(gw: RunningGateway) -> None:
+    """Before: one 256 MiB header took 68 s to answer and pushed /healthz to 3-11 s for everyone."""
+    sock = connect(gw)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-endless: ")
+    sent = 0
+    got = b""
+    started = time.monotonic()
+    sock.settimeout(0.01)
+    try:
+        while sent < 256 * 1024 * 1024:
+            sock.sendall(b"a" * 65536)
+            sent += 65536
+            try:
+                got = sock.recv(65536)
+            except TimeoutError:
+                continue
+            break
+    except OSError:
+        pass  # the server closed while we still sent
+    got += read_all(sock)
+    assert sent < 1024 * 1024, "the server kept reading"
+    assert response(got)[0] == 431
+    assert time.monotonic() - started < 3
+    healthz = time.monotonic()
+    assert httpx.get(f"{gw.url}/healthz").status_code == 200 and time.monotonic() - healthz < 1
+
+
+def test_malformed_http_gets_400_in_the_envelope(gw: RunningGateway) -> None:
+    sock = connect(gw)
+    sock.sendall(b"GET / HTTP/1.1\r\nhost x\r\n\r\n")
+    status, headers, body = response(read_all(sock))
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    assert headers["x-should-retry"] == "false" and body["request_id"] == headers["request-id"]
+
+
+def test_a_head_within_the_limits_is_served_on_a_kept_alive_connection(gw: RunningGateway) -> None:
+    sock = connect(gw)
+    for _ in range(3):  # the count and size start again for each request of the connection
+        sock.sendall(head_with(b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 100) for i in range(25))))
+        sock.settimeout(5)
+        raw = b""
+        while not raw.endswith(b'{"status":"ok"}'):
+            raw += sock.recv(65536)
+        assert raw.startswith(b"HTTP/1.1 200")
+    sock.close()
+
+
+# --- server.max_inflight: shed only the excess -----------------------------------------------------------------
+
+
+def test_over_max_inflight_new_requests_are_shed_and_running_streams_finish() -> None:
+    yaml = """
+server: {max_inflight: 2}
+providers: {slow: {kind: mock, deltas: 10, event_delay_ms: 80}}
+models: {slow: {targets: [{provider: slow}]}}
+"""
+    with run_gateway(yaml) as gw:
+        results: list[httpx.Response] = []
+
+        def stream() -> None:
+            results.append(
+                httpx.post(f"{gw.url}/v1/messages", json={"model": "slow", "stream": True, **KW}, timeout=20)
+            )
+
+        threads = [threading.Thread(target=stream) for _ in range(2)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 5
+        while gw.sample("gateway_inflight_requests") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        shed = httpx.post(f"{gw.url}/v1/messages", json={"model": "slow", **KW})
+        count = httpx.post(f"{gw.url}/v1/messages/count_tokens", json={"model": "slow", "messages": KW["messages"]})
+        for t in threads:
+            t.join()
+        assert shed.status_code == 529 and shed.json()["error"]["type"] == "overloaded_error"
+        assert shed.headers["retry-after"] == "1" and "x-should-retry" not in shed.headers
+        assert count.status_code == 529
+        assert [r.status_code for r in results] == [200, 200]
+        assert all(r.text.rstrip().endswith('data: {"type":"message_stop"}') for r in results)
+        assert gw.sample("gateway_requests_total", alias="", provider="", model="", outcome="shed") == 2
+        assert httpx.get(f"{gw.url}/healthz").status_code == 200  # not a Messages route: never shed
+        after = httpx.post(f"{gw.url}/v1/messages", json={"model": "slow", **KW})
+        assert after.status_code == 200
