@@ -350,9 +350,25 @@ COMPILED_VIEWS = _scan_views is not None
 
 def decode_views(datas: list[bytes], array: bytes | None = None) -> list[EventView]:
     """Partially decode many events in one call (``array``: the same data as one JSON array, if at hand);
-    a malformed event becomes the shared untyped ``MALFORMED`` view."""
+    a malformed event becomes the shared untyped ``MALFORMED`` view. With ``datas``, there is exactly one view
+    per data, whatever a data holds (nothing, or two values with a comma between them: each is then MALFORMED
+    or its own view, decoded one by one)."""
     if array is None:
         array = b"[" + b",".join(datas) + b"]"
+    views = _decode_array(array, datas)
+    if datas and len(views) != len(datas):
+        return [_decode_one(data) for data in datas]
+    return views
+
+
+def _decode_one(data: bytes) -> EventView:
+    try:
+        return _decode_view(data)
+    except msgspec.DecodeError:
+        return MALFORMED  # shared and never mutated: the validator rejects its empty type
+
+
+def _decode_array(array: bytes, datas: list[bytes]) -> list[EventView]:
     if _scan_views is not None:
         scanned = _scan_views(array, _VIEW_CACHE)
         if scanned is not None:
@@ -373,13 +389,7 @@ def decode_views(datas: list[bytes], array: bytes | None = None) -> list[EventVi
     try:
         return _decode_views(array)
     except msgspec.DecodeError:
-        views = []
-        for data in datas:
-            try:
-                views.append(_decode_view(data))
-            except msgspec.DecodeError:
-                views.append(MALFORMED)  # shared and never mutated: the validator rejects its empty type
-        return views
+        return [_decode_one(data) for data in datas]
 
 
 class Batch:

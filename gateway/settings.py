@@ -322,7 +322,7 @@ def _to_python(node: yaml.Node, path: str, lines: dict[str, int], env: Mapping[s
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
-            key = str(key_node.value)
+            key = _text(str(key_node.value), f"{source}:{key_node.start_mark.line + 1}")
             if key in out:
                 raise ConfigError(f"{source}:{key_node.start_mark.line + 1}: duplicate key {key!r}")
             child = f"{path}.{key}"
@@ -333,14 +333,29 @@ def _to_python(node: yaml.Node, path: str, lines: dict[str, int], env: Mapping[s
         return [_to_python(item, f"{path}[{i}]", lines, env, source) for i, item in enumerate(node.value)]
     assert isinstance(node, yaml.ScalarNode)
     if node.tag == "tag:yaml.org,2002:str":
-        return _interpolate(node.value, env, where) if "$" in node.value else node.value
+        text = _text(node.value, where)
+        return _interpolate(text, env, where) if "$" in text else text
     return _construct_scalar(node, env, where)
+
+
+def _text(value: str, where: str) -> str:
+    """``value``, refused when a YAML escape made it hold a lone surrogate (``"\\ud800"``): not a character."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{where}: the text holds an escaped surrogate (\\ud800-\\udfff), not a character") from None
+    return value
 
 
 def _construct_scalar(node: yaml.ScalarNode, env: Mapping[str, str], where: str) -> Any:
     loader = yaml.SafeLoader("")
     try:
         value = loader.construct_object(node)
+    except (yaml.YAMLError, ValueError, TypeError, LookupError, AttributeError, OverflowError):
+        # `!!int abc`, `!!bool maybe`, `!!timestamp x`, an unknown tag…: the value itself is not quoted (it may be
+        # a secret read from the environment)
+        tag = node.tag.rsplit(":", 1)[-1]
+        raise ConfigError(f"{where}: the value is not a valid {tag}") from None
     finally:
         loader.dispose()
     if isinstance(value, str) and "$" in value:
