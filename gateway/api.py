@@ -62,9 +62,11 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
     elif params.get("before_id") in ids:
         data = data[: ids.index(params["before_id"])]
     try:
-        limit = max(1, min(1000, int(params.get("limit", "20"))))
+        limit = int(params.get("limit", "20"))
     except ValueError:
-        return error_response(InvalidRequest("limit must be an integer"), rid)
+        limit = 0
+    if not 1 <= limit <= 1000:
+        return error_response(InvalidRequest("limit: must be an integer from 1 to 1000"), rid)
     page, has_more = data[:limit], len(data) > limit
     body = {
         "data": page,
@@ -107,7 +109,7 @@ def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Resp
     if status == 404:
         error: GatewayError = NotFound(message)
     else:
-        error = GatewayError(message)
+        error = GatewayError(message, headers=exc.headers)  # a 405 keeps its `allow` (RFC 9110)
         error.status_code, error.error_type = status, error_type_for_status(status)
     return error_response(error, new_request_id())
 

@@ -192,9 +192,8 @@ class GatewayApp:
         reply = _Watched(send)
         outcome = None
         try:
-            if scope["method"] == "HEAD" and scope["path"] in _PROBES:
-                await reply.send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
-                await reply.send({"type": "http.response.body", "body": b"", "more_body": False})
+            if scope["path"] in _PROBES:
+                await _probe(scope["method"], reply.send, reply.request_id)
             else:
                 await self.litestar(scope, receive, reply.send)  # type: ignore[arg-type]
         except Exception:
@@ -219,6 +218,17 @@ class GatewayApp:
                         agent_id=headers.get(b"x-claude-code-agent-id", b"").decode("latin-1"),
                     ),
                 )
+
+
+async def _probe(method: str, send: Any, request_id: str) -> None:
+    """``HEAD`` (and ``GET``) of a probe path: 200 with no body; any other method: 405."""
+    if method not in ("HEAD", "GET"):
+        error = GatewayError(f"{method} is not allowed here; use HEAD or GET", headers={"allow": "GET, HEAD"})
+        error.status_code, error.error_type = 405, "invalid_request_error"
+        await send_error(send, error, request_id)
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _outcome_of_status(status: int) -> str:
