@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import JsonReply
 from gateway import pipeline
 from gateway.edge import authenticate, authorize, check_max_tokens, proxy_request, read_body
-from gateway.errors import GatewayError, error_frame, new_request_id
+from gateway.errors import GatewayError, RequestTooLarge, error_frame, new_request_id
 from gateway.request import parse_count_tokens, parse_messages
+from gateway.server import BODY_RECEIVED
 from gateway.usage import Outcome, UsageTally
 
 if TYPE_CHECKING:
@@ -147,6 +148,20 @@ async def _body_chunks(receive: Receive, silence_s: float) -> AsyncIterator[byte
             return
 
 
+async def _read(scope: Scope, receive: Receive, headers: Mapping[str, str], silence_s: float, limit: int) -> bytes:
+    """The request body. When the server says it has all arrived (``gateway.server.BODY_RECEIVED``, the usual
+    case) one ``receive`` returns it, with no timer; otherwise each read may wait at most ``silence_s``."""
+    if scope.get(BODY_RECEIVED):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        body: bytes = message.get("body", b"")
+        if len(body) > limit:
+            raise RequestTooLarge(f"request body is {len(body)} bytes; the limit is {limit}")
+        return body
+    return await read_body(_body_chunks(receive, silence_s), headers.get("content-length"), limit)
+
+
 def _tally(gw: Gateway, scope: Scope, headers: Mapping[str, str]) -> UsageTally:
     tally = UsageTally(gw.metrics, alias="")
     tally.request_id = new_request_id()
@@ -200,9 +215,7 @@ async def _serve(
     try:
         client_auth, key = authenticate(gw.keys, headers)
         server = gw.settings.server
-        body = await read_body(
-            _body_chunks(receive, server.client_timeout_s), headers.get("content-length"), server.max_request_bytes
-        )
+        body = await _read(scope, receive, headers, server.client_timeout_s, server.max_request_bytes)
         if count:
             model, stream, max_tokens = parse_count_tokens(body).model, False, None
         else:
