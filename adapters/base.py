@@ -9,6 +9,7 @@ client once per read rather than once per event.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Protocol
 
@@ -29,6 +30,7 @@ __all__ = [
     "checked",
     "forwardable_headers",
     "provider_request_id",
+    "raise_for_redirect",
     "raise_for_upstream",
 ]
 
@@ -86,6 +88,8 @@ class Adapter(Protocol):
 
     async def aclose(self) -> None: ...
 
+
+log = logging.getLogger("gateway")
 
 _FORWARD_EXACT = frozenset({"request-id", "retry-after", "retry-after-ms", "x-should-retry"})
 _FORWARD_PREFIXES = ("anthropic-ratelimit-", "anthropic-priority-")
@@ -148,6 +152,19 @@ async def checked(
     return resp
 
 
+def raise_for_redirect(status: int, provider: str, request_id: str = "") -> None:
+    """A 3xx is an upstream error (502 ``api_error``): the gateway never follows a redirect, so the provider's
+    key never goes to another host, and no other host's answer reaches the client."""
+    if 300 <= status < 400:
+        log.warning("provider %r answered a Messages call with a redirect (HTTP %d): not followed", provider, status)
+        raise UpstreamStatusError(
+            502,
+            "api_error",
+            f"provider {provider!r} answered with a redirect (HTTP {status}), which is not followed",
+            request_id=request_id,
+        )
+
+
 async def raise_for_upstream(resp: UpstreamResponse, provider: str) -> None:
     """Map a non-2xx provider answer to an Anthropic error. The Anthropic envelope is kept as it came; the
     Google (``{"error":{"code","message","status"}}``, possibly inside a list) and Azure
@@ -155,9 +172,10 @@ async def raise_for_upstream(resp: UpstreamResponse, provider: str) -> None:
     status = resp.status
     if 200 <= status < 300:
         return
+    rid = provider_request_id(resp.headers)
+    raise_for_redirect(status, provider, rid)
     body = await resp.read()
     headers = forwardable_headers(resp.headers)
-    rid = provider_request_id(resp.headers)
     try:
         decoded = _decode_envelope(body)
         parsed = decoded[0] if isinstance(decoded, list) and decoded else decoded

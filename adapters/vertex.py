@@ -10,6 +10,7 @@ kept in the body. Google-shaped errors become the Anthropic envelope (``base.rai
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from urllib.parse import quote
 
 from gateway.events import Batch
 from gateway.request import ProxyRequest
@@ -73,7 +74,9 @@ class VertexAdapter:
                 f"provider {self.name!r}: no Google Cloud project (set `project`, GOOGLE_CLOUD_PROJECT, "
                 "or use credentials that name one)"
             )
-        region = self._config.region
+        # every part escaped (``@`` of versioned ids is a legal path character and stays): a name can never add
+        # a path segment, a query or a fragment, or pick another method than ``method``
+        project, region, model = quote(project, safe=""), quote(self._config.region, safe=""), quote(model, safe="@")
         return f"{self._base}/projects/{project}/locations/{region}/publishers/anthropic/models/{model}:{method}"
 
     async def _post(

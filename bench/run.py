@@ -249,7 +249,7 @@ async def wait_ready(proc: Proc, port: int, path: str, limit_s: float, headers: 
 def gateway_config(port: int, upstream_port: int) -> str:
     return (
         f"server: {{host: {HOST}, port: {port}}}\n"
-        "auth: {keys: []}\n"
+        "auth: {open: true}\n"
         "providers:\n"
         f'  up: {{kind: anthropic, api_key: bench, base_url: "http://{HOST}:{upstream_port}"}}\n'
         f'  bedrock: {{kind: bedrock, region: us-east-1, base_url: "http://{HOST}:{upstream_port}", '

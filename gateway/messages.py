@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import JsonReply
 from gateway import pipeline
-from gateway.edge import authenticate, authorize, check_max_tokens, proxy_request, read_body
+from gateway.edge import authenticate, authorize, check_max_tokens, check_model_name, proxy_request, read_body
 from gateway.errors import GatewayError, RequestTooLarge, error_frame, new_request_id
 from gateway.request import parse_count_tokens, parse_messages
 from gateway.server import BODY_RECEIVED
@@ -221,6 +221,7 @@ async def _serve(
         else:
             head = parse_messages(body)
             model, stream, max_tokens = head.model, bool(head.stream), head.max_tokens
+        check_model_name(model)
         route = gw.routes.resolve(model)
         authorize(key, route, model)
         if max_tokens is not None:

@@ -110,9 +110,25 @@ class ApiKey(_Strict, frozen=True, kw_only=True):
     key: Annotated[str, msgspec.Meta(min_length=1)]
     models: list[str] | None = None  # aliases (globs allowed) this key may use; None: all
 
+    def __post_init__(self) -> None:
+        if not self.key.strip():
+            raise ValueError(f"key {self.name!r} is empty or white space (an unset variable?)")
+
 
 class AuthSettings(_Strict, frozen=True, kw_only=True):
-    keys: list[str | ApiKey] = []  # accepted as x-api-key or Authorization: Bearer; empty = open
+    """``keys`` are accepted as x-api-key or Authorization: Bearer. A gateway without keys must say so with
+    ``open: true``: an empty key (``${VAR}`` of a variable set but empty) or a missing ``auth`` section is a
+    config error, never a gateway that quietly serves everyone."""
+
+    keys: list[str | ApiKey] = []
+    open: bool = False
+
+    def __post_init__(self) -> None:
+        for position, entry in enumerate(self.keys, start=1):
+            if isinstance(entry, str) and not entry.strip():
+                raise ValueError(f"auth.keys entry {position} is empty or white space (an unset variable?)")
+        if self.open and self.keys:
+            raise ValueError("auth.open: true and auth.keys exclude each other: keep one")
 
 
 class _Provider(_Strict, tag_field="kind", frozen=True, kw_only=True):
@@ -253,6 +269,12 @@ class Settings(_Strict, frozen=True, kw_only=True):
     providers: dict[str, ProviderConfig] = {}
     models: dict[str, ModelRoute] = {}
     pricing: dict[str, Price] = {}  # upstream model id (globs allowed, first match in file order) -> price
+
+    def __post_init__(self) -> None:
+        if not self.auth.keys and not self.auth.open:
+            raise ValueError(
+                "no auth.keys: list the keys clients must send, or say `auth: {open: true}` to serve without one"
+            )
 
 
 def default_config_path() -> Path:

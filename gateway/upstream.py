@@ -149,7 +149,11 @@ class AiohttpClient:
                 total=None, sock_connect=timeouts.connect, sock_read=timeouts.read
             )
         try:
-            resp = await self._session.request(method, url, headers=headers, data=body, timeout=timeout)
+            # never follow a redirect: no provider redirects a Messages call, and following one would carry the
+            # provider key to whatever host it names (a 3xx becomes an upstream error in adapters.base)
+            resp = await self._session.request(
+                method, url, headers=headers, data=body, timeout=timeout, allow_redirects=False
+            )
         except TimeoutError as exc:
             raise UpstreamTimeout(f"timed out connecting to or waiting for {_host(url)}") from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -220,7 +224,7 @@ class HttpxClient:
         timeout = httpx.Timeout(timeouts.read, connect=timeouts.connect)
         request = self._client.build_request(method, url, headers=dict(headers), content=body, timeout=timeout)
         try:
-            resp = await self._client.send(request, stream=True)
+            resp = await self._client.send(request, stream=True, follow_redirects=False)  # never (see aiohttp's)
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(f"timed out connecting to or waiting for {_host(url)}") from exc
         except httpx.TransportError as exc:

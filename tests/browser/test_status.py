@@ -74,6 +74,7 @@ def test_status_page_shows_a_cooling_target_and_its_recovery_state(page: Any, fa
     """One upstream failure opens this breaker (threshold 1): the page shows the target cooling down, with
     the seconds left from the API, and its failed request; the healthy alias beside it stays healthy."""
     config = f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 1}}, breaker: {{failure_threshold: 1, cooldown_s: 600}}}}
 providers:
   upstream: {{kind: anthropic, api_key: provider-key, base_url: "{fake_claude.base_url}"}}

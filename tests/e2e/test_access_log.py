@@ -151,6 +151,7 @@ def test_invalid_stream_outcome_is_logged(caplog: pytest.LogCaptureFixture) -> N
     threading.Thread(target=server.serve_forever, daemon=True).start()
     caplog.set_level(logging.INFO, logger="gateway.access")
     yaml = f"""
+auth: {{open: true}}
 providers: {{b: {{kind: anthropic, api_key: p, base_url: "http://127.0.0.1:{server.server_port}"}}}}
 models: {{"*": {{targets: [{{provider: b}}]}}}}
 """

@@ -337,6 +337,7 @@ def test_claude_platform_on_aws(fake: FakeBedrock, gw: RunningGateway) -> None:
 def test_bearer_token_from_environment(fake: FakeBedrock, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_BEARER_TOKEN_BEDROCK", "bedrock-api-key")
     yaml = f"""
+auth: {{open: true}}
 providers: {{b: {{kind: bedrock, region: us-east-1, base_url: "{fake.base_url}"}}}}
 models: {{"*": {{targets: [{{provider: b}}]}}}}
 """

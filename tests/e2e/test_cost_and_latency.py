@@ -16,6 +16,7 @@ KW: dict[str, Any] = {"max_tokens": 64, "messages": [{"role": "user", "content":
 @pytest.mark.parametrize("stream", [True, False])
 def test_cost_follows_the_pricing_table(stream: bool, fake: FakeClaudeAPI) -> None:
     yaml = f"""
+auth: {{open: true}}
 providers: {{c1: {{kind: anthropic, api_key: p, base_url: "{fake.base_url}"}}}}
 models: {{"*": {{targets: [{{provider: c1}}]}}}}
 pricing:

@@ -209,7 +209,8 @@ def test_json_nested_200000_levels_deep_is_a_400_in_the_envelope(
 
 @pytest.fixture(scope="module")
 def mock_gateway() -> Iterator[RunningGateway]:
-    with run_gateway("providers: {m: {kind: mock}}\nmodels: {fake-text: {targets: [{provider: m}]}}\n") as gw:
+    yaml = "auth: {open: true}\nproviders: {m: {kind: mock}}\nmodels: {fake-text: {targets: [{provider: m}]}}\n"
+    with run_gateway(yaml) as gw:
         yield gw
 
 
@@ -234,6 +235,7 @@ def broken_mock(monkeypatch: pytest.MonkeyPatch) -> Iterator[RunningGateway]:
     monkeypatch.setattr(mock.MockAdapter, "complete", complete)
     monkeypatch.setattr(mock._MockStream, "batches", batches)
     yaml = """
+auth: {open: true}
 providers: {m: {kind: mock, deltas: 5, event_delay_ms: 1}}
 models: {buggy: {targets: [{provider: m}]}}
 """

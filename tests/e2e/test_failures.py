@@ -181,6 +181,7 @@ def test_inbound_keys(headers: dict[str, str], status: int, gateway: RunningGate
 
 def test_unknown_model_and_route_get_not_found() -> None:
     config = """
+auth: {open: true}
 providers: {demo: {kind: mock}}
 models: {only: {targets: [{provider: demo}]}}
 """
@@ -197,6 +198,7 @@ models: {only: {targets: [{provider: demo}]}}
 
 def test_unreachable_provider_is_a_502_before_the_stream() -> None:
     config = """
+auth: {open: true}
 providers: {dead: {kind: anthropic, api_key: k, base_url: "http://127.0.0.1:9", connect_timeout_s: 2}}
 models: {"*": {targets: [{provider: dead}]}}
 """
@@ -208,6 +210,7 @@ models: {"*": {targets: [{provider: dead}]}}
 
 def test_fallback_to_next_target_before_first_byte(fake: FakeClaudeAPI) -> None:
     config = f"""
+auth: {{open: true}}
 providers:
   dead: {{kind: anthropic, api_key: k, base_url: "http://127.0.0.1:9"}}
   claude: {{kind: anthropic, api_key: k, base_url: "{fake.base_url}"}}

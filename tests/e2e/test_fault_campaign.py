@@ -199,6 +199,7 @@ def test_fault_campaign(upstream: Upstream, caplog: pytest.LogCaptureFixture) ->
     caplog.set_level(logging.INFO, logger="gateway.access")
     with FaultProxy(upstream.port, WEIGHTS, seed=14, refuse=0.05, frame_end=upstream.frame_end) as proxy:
         yaml = f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 2, base_delay_s: 0}}, timeouts: {{first_event_s: 3, total_s: 15}}}}
 providers:
   faulty: {upstream.provider.format(url=upstream.url(proxy.port))}, read_timeout_s: 0.5, connect_timeout_s: 2}}

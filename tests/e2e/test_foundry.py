@@ -140,6 +140,7 @@ def test_client_disconnect_closes_the_foundry_stream(fake: FakeFoundry, gw: Runn
 
 def test_bad_entra_secret_is_a_clear_gateway_error(fake: FakeFoundry) -> None:
     yaml = f"""
+auth: {{open: true}}
 providers:
   f: {{kind: foundry, base_url: "{fake.base_url}", entra: {{tenant_id: "{fake.tenant_id}",
       client_id: "{fake.client_id}", client_secret: wrong-secret, authority: "{fake.authority_url}",

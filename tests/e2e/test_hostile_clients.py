@@ -21,6 +21,7 @@ KW: dict[str, Any] = {"max_tokens": 64, "messages": [{"role": "user", "content":
 @pytest.fixture(scope="module")
 def gw() -> Iterator[RunningGateway]:
     yaml = """
+auth: {open: true}
 server: {client_timeout_s: 0.4, max_header_bytes: 8192, max_headers: 30}
 providers: {m: {kind: mock, deltas: 3}}
 models: {m: {targets: [{provider: m}]}}
@@ -209,6 +210,7 @@ def test_a_head_within_the_limits_is_served_on_a_kept_alive_connection(gw: Runni
 
 def test_over_max_inflight_new_requests_are_shed_and_running_streams_finish() -> None:
     yaml = """
+auth: {open: true}
 server: {max_inflight: 2}
 providers: {slow: {kind: mock, deltas: 10, event_delay_ms: 80}}
 models: {slow: {targets: [{provider: slow}]}}

@@ -73,6 +73,7 @@ def serve(tmp_path: Path) -> Iterator[object]:
 
 def write(path: Path, target: str, *, broken: bool = False) -> None:
     text = f"""
+auth: {{open: true}}
 server: {{drain_timeout_s: 1}}
 providers:
   m1: {{kind: mock, deltas: 3, event_delay_ms: 2}}

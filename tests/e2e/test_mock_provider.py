@@ -34,7 +34,10 @@ def test_default_config_streams_a_labelled_mock_reply() -> None:
 
 
 def test_mock_cites_the_documents_it_is_given() -> None:
-    with run_gateway("providers: {demo: {kind: mock, deltas: 8}}\nmodels: {'*': {targets: [{provider: demo}]}}") as gw:
+    yaml = (
+        "auth: {open: true}\nproviders: {demo: {kind: mock, deltas: 8}}\nmodels: {'*': {targets: [{provider: demo}]}}"
+    )
+    with run_gateway(yaml) as gw:
         client = anthropic.Anthropic(base_url=gw.url, api_key="k", max_retries=0)
         content: list[Any] = [
             {
@@ -69,6 +72,7 @@ def test_mock_cites_the_documents_it_is_given() -> None:
 
 def test_paced_mock_streams_event_by_event_and_models_page() -> None:
     config = """
+auth: {open: true}
 providers: {paced: {kind: mock, deltas: 3, event_delay_ms: 20, first_event_delay_ms: 10}}
 models:
   one: {targets: [{provider: paced}]}

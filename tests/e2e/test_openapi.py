@@ -19,6 +19,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
 schema = schemathesis.openapi.from_path(DOC)
 
 CONFIG = """
+auth: {open: true}
 server: {max_request_bytes: 100000}
 providers: {mock: {kind: mock, deltas: 3}}
 models:

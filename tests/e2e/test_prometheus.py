@@ -43,6 +43,7 @@ def traffic(gw: RunningGateway) -> dict[str, Any]:
 
 def config(fake: FakeClaudeAPI) -> str:
     return f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 2, base_delay_s: 0}}}}
 providers:
   c1: {{kind: anthropic, api_key: p, base_url: "{fake.base_url}"}}

@@ -56,6 +56,7 @@ def clock() -> FakeClock:
 @pytest.fixture
 def two_targets(fake: FakeClaudeAPI) -> Iterator[RunningGateway]:
     yaml = f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 3, base_delay_s: 0}}, breaker: {{failure_threshold: 1000}}}}
 providers:
 {claude("c1", fake.base_url)}{claude("c2", fake.base_url)}{claude("dead", "http://127.0.0.1:9", connect_timeout_s=1)}
@@ -106,6 +107,7 @@ def test_no_retry_and_no_fallback_on_400(fake: FakeClaudeAPI, two_targets: Runni
 
 def test_retry_after_is_honoured_and_the_client_told_not_to_retry(fake: FakeClaudeAPI, clock: FakeClock) -> None:
     yaml = f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 3}}, breaker: {{failure_threshold: 1000}}}}
 providers:
 {claude("c1", fake.base_url)}models: {{limited: {{targets: [{{provider: c1, model: fake-status-429}}]}}}}
@@ -121,6 +123,7 @@ providers:
 
 def test_backoff_without_a_hint(fake: FakeClaudeAPI, clock: FakeClock) -> None:
     yaml = f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 3, base_delay_s: 0.5, max_delay_s: 8}}, breaker: {{failure_threshold: 1000}}}}
 providers:
 {claude("c1", fake.base_url)}models: {{broken: {{targets: [{{provider: c1, model: fake-status-500}}]}}}}
@@ -136,6 +139,7 @@ providers:
 def breaker_gateway(fake: FakeClaudeAPI, clock: FakeClock, targets: str, **breaker: Any) -> Any:
     opts = {"failure_threshold": 2, "window_s": 60, "cooldown_s": 30, **breaker}
     yaml = f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 1}}, breaker: {json.dumps(opts)}}}
 providers:
 {claude("c1", fake.base_url)}{claude("c2", fake.base_url)}models: {{"fake-*": {{targets: {targets}}}}}
@@ -201,6 +205,7 @@ def test_a_429_throttles_its_target_for_its_retry_after_and_is_no_failure(
     fake: FakeClaudeAPI, clock: FakeClock
 ) -> None:
     yaml = f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 2, base_delay_s: 0}}, breaker: {{failure_threshold: 1}}}}
 providers:
 {claude("c1", fake.base_url)}{claude("c2", fake.base_url)}models:
@@ -242,6 +247,7 @@ def test_a_408_is_retried_on_the_same_target(fake: FakeClaudeAPI, clock: FakeClo
     """One table decides retries and failures: a 408 used to fall over and count against the breaker, but was
     never retried on the same target."""
     yaml = f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 3, base_delay_s: 0.5}}, breaker: {{failure_threshold: 1000}}}}
 providers:
 {claude("c1", fake.base_url)}models: {{slow: {{targets: [{{provider: c1, model: fake-status-408}}]}}}}
@@ -256,6 +262,7 @@ providers:
 def test_total_timeout_bounds_the_retries_of_a_json_request(fake: FakeClaudeAPI, clock: FakeClock) -> None:
     """``timeouts.total_s`` is the whole request's: a retry whose wait would end past it is not made."""
     yaml = f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 5, base_delay_s: 0.5, max_delay_s: 8}}, timeouts: {{total_s: 1.2}},
   breaker: {{failure_threshold: 1000}}}}
 providers:
@@ -271,6 +278,7 @@ providers:
 
 def test_total_timeout_bounds_the_wait_for_a_streams_first_event() -> None:
     yaml = """
+auth: {open: true}
 resilience: {retry: {max_attempts: 3}, timeouts: {first_event_s: 120, total_s: 0.3}}
 providers: {silent: {kind: mock, first_event_delay_ms: 3000}}
 models: {silent: {targets: [{provider: silent}]}}
@@ -288,6 +296,7 @@ models: {silent: {targets: [{provider: silent}]}}
 @pytest.fixture(scope="module")
 def mocks() -> Iterator[RunningGateway]:
     yaml = """
+auth: {open: true}
 resilience: {breaker: {failure_threshold: 1000}}
 providers:
   m1: {kind: mock, deltas: 1}
@@ -355,6 +364,7 @@ def test_status_shows_every_alias_and_target(mocks: RunningGateway) -> None:
 
 def test_first_event_timeout(fake: FakeClaudeAPI) -> None:
     yaml = """
+auth: {open: true}
 resilience: {retry: {max_attempts: 1}, timeouts: {first_event_s: 0.2}}
 providers: {silent: {kind: mock, first_event_delay_ms: 3000}}
 models: {silent: {targets: [{provider: silent}]}}
@@ -369,6 +379,7 @@ models: {silent: {targets: [{provider: silent}]}}
 
 def test_idle_gap_timeout_ends_the_stream_with_an_error(fake: FakeClaudeAPI) -> None:
     yaml = f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 1}}}}
 providers:
 {claude("c1", fake.base_url, read_timeout_s=0.02)}models: {{slow: {{targets: [{{provider: c1, model: fake-slow}}]}}}}
@@ -382,6 +393,7 @@ providers:
 
 def test_total_timeout_ends_the_stream_with_an_error(fake: FakeClaudeAPI) -> None:
     yaml = f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 1}}, timeouts: {{total_s: 0.4}}}}
 providers:
 {claude("c1", fake.base_url)}models: {{slow: {{targets: [{{provider: c1, model: fake-slow}}]}}}}
@@ -402,6 +414,7 @@ providers:
 
 def test_pings_while_the_upstream_is_silent() -> None:
     yaml = """
+auth: {open: true}
 server: {ping_interval_s: 5}
 providers: {paced: {kind: mock, deltas: 2, event_delay_ms: 250}}
 models: {paced: {ping_interval_s: 0.05, targets: [{provider: paced}]}}
@@ -439,6 +452,7 @@ def test_client_leaving_a_non_streamed_request_cancels_it_upstream(
 
 def test_a_stream_failing_after_it_started_counts_against_its_target(fake: FakeClaudeAPI, clock: FakeClock) -> None:
     yaml = f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 1}}, breaker: {{failure_threshold: 1, window_s: 60, cooldown_s: 30}}}}
 providers:
 {claude("c1", fake.base_url)}models: {{"fake-*": {{targets: [{{provider: c1}}]}}}}

@@ -159,7 +159,9 @@ def test_count_tokens_and_models(fake: FakeClaudeAPI, gateway: RunningGateway) -
 def test_forward_client_key_when_configured(fake: FakeClaudeAPI) -> None:
     from tests.conftest import claude_config, run_gateway
 
-    config = claude_config(fake.base_url, forward_client_key="true").replace("auth: {keys: [gw-key-1, gw-key-2]}", "")
+    config = claude_config(fake.base_url, forward_client_key="true").replace(
+        "auth: {keys: [gw-key-1, gw-key-2]}", "auth: {open: true}"
+    )
     with run_gateway(config) as gw:
         anthropic.Anthropic(base_url=gw.url, api_key="user-own-key", max_retries=0).messages.create(
             model="fake-text", **KW

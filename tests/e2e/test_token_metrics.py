@@ -26,6 +26,7 @@ TYPES = {
 @pytest.fixture
 def gw(fake: FakeClaudeAPI) -> Iterator[RunningGateway]:
     yaml = f"""
+auth: {{open: true}}
 resilience: {{retry: {{max_attempts: 1}}}}
 providers: {{c1: {{kind: anthropic, api_key: p, base_url: "{fake.base_url}"}}}}
 models: {{"*": {{targets: [{{provider: c1}}]}}}}

@@ -38,6 +38,7 @@ def ours(exporter: InMemorySpanExporter) -> list[Any]:
 
 def config(fake: FakeClaudeAPI, tracing: bool) -> str:
     return f"""
+auth: {{open: true}}
 server: {{tracing: {str(tracing).lower()}}}
 providers: {{c1: {{kind: anthropic, api_key: planted-key-123, base_url: "{fake.base_url}"}}}}
 models: {{"*": {{targets: [{{provider: c1}}]}}}}

@@ -22,7 +22,7 @@ def test_check_config(tmp_path: object, capsys: object) -> None:
     from pathlib import Path
 
     path = Path(str(tmp_path)) / "g.yaml"
-    path.write_text("providers: {m: {kind: mock}}\nmodels: {a: {targets: [{provider: m}]}}\n")
+    path.write_text("auth: {open: true}\nproviders: {m: {kind: mock}}\nmodels: {a: {targets: [{provider: m}]}}\n")
     assert main(["check-config", str(path)]) == 0
     path.write_text("providers: {m: {kind: mock, nope: 1}}\n")
     assert main(["check-config", str(path)]) == 2

@@ -124,7 +124,7 @@ def test_shipped_configs_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GATEWAY_API_KEY", raising=False)
     default = load_settings(default_config_path())
     assert all(isinstance(p, MockProvider) for p in default.providers.values()), "the default runs offline"
-    assert default.auth.keys == [""]
+    assert default.auth.keys == [] and default.auth.open  # open, and saying so
     root = Path(__file__).resolve().parents[2] / "config"
     for path in root.glob("*.yaml"):
         load_settings(path, environ={"GATEWAY_API_KEY": "k", "ANTHROPIC_API_KEY": "k"})
