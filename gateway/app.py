@@ -96,13 +96,22 @@ class Gateway:
         except ConfigError as exc:
             log.error("config reload rejected, keeping the running config: %s", exc)
             return False
+        if settings.auth.open and self.keys:
+            # the file asks for it (a file without keys must say `open: true`): applied, but said loudly
+            log.warning(
+                "config reload from %s opens the gateway: it had %d keys and now serves anyone", path, len(self.keys)
+            )
         if (settings.server.host, settings.server.port, settings.server.workers) != (
             self.settings.server.host,
             self.settings.server.port,
             self.settings.server.workers,
         ):
             log.warning("server.host/port/workers changed in %s: they take effect on restart only", path)
-        self._apply(settings)
+        try:
+            self._apply(settings)
+        except Exception:  # an adapter that cannot be built (credentials, a region…): the running table stays
+            log.exception("config reload from %s failed, keeping the running config", path)
+            return False
         self.reloads += 1
         log.info(
             "config reloaded from %s: %d providers, %d model routes",
@@ -122,7 +131,10 @@ class Gateway:
             stamp = _stamp(self.config_path)
             if stamp != last:
                 last = stamp
-                self.reload()
+                try:
+                    self.reload()
+                except Exception:  # whatever a reload raises, the watcher goes on watching
+                    log.exception("config reload from %s failed; still watching it", self.config_path)
 
     def begin_drain(self, timeout: float | None = None) -> None:
         """Stop taking work (the server stops accepting); streams still running after ``timeout`` get an

@@ -1,0 +1,343 @@
+"""The security review's findings, each as it was reproduced (a restricted key, hostile or broken upstreams on
+127.0.0.1, the gateway on its own YAML), and what happens now."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.app import Gateway
+from gateway.metrics import Metrics
+from gateway.settings import ConfigError, load_settings, parse_settings
+from gateway.upstream import make_client
+from tests.conftest import RunningGateway, run_gateway
+from tests.fakes.bedrock import FakeBedrock
+from tests.fakes.claude_api import FakeClaudeAPI
+from tests.fakes.vertex import FakeVertex
+
+KW: dict[str, Any] = {"max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}]}
+
+HOSTILE = [
+    "vtx-haiku-4-5/../vtx-opus",
+    "vtx-haiku-4-5/../../../../projects/other-proj/locations/global/publishers/google/models/gemini-pro:generateContent#",
+    "vtx-haiku-4-5?alt=sse",
+    "vtx-haiku-4-5%2F..%2Fvtx-opus",
+    "vtx-haiku-4-5 x",
+    "vtx-haiku-4-5\t",
+    "..",
+    "vtx-haiku-" + "x" * 300,
+    "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/../x",
+]
+
+
+# --- 1. model names that escape their URL ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vertex(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeVertex, Path]]:
+    with FakeVertex() as fake:
+        yield fake, fake.make_service_account(tmp_path_factory.mktemp("gcp"))
+
+
+@pytest.fixture(scope="module")
+def bedrock() -> Iterator[FakeBedrock]:
+    with FakeBedrock() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def every_provider(
+    vertex: tuple[FakeVertex, Path], bedrock: FakeBedrock, fake_claude: FakeClaudeAPI
+) -> Iterator[RunningGateway]:
+    fake, creds = vertex
+    keys = "access_key_id: AKIDFAKEBEDROCK, secret_access_key: fake-secret"
+    yaml = f"""
+auth:
+  keys:
+    - {{name: haiku-only, key: haiku-key, models: ["vtx-haiku-*", "brk-haiku-*", "cl-haiku-*", "arn:*"]}}
+providers:
+  vertex: {{kind: vertex, region: us-east5, project: {fake.project}, credentials_file: "{creds}",
+           base_url: "{fake.base_url}"}}
+  bedrock: {{kind: bedrock, region: us-east-1, base_url: "{bedrock.base_url}", {keys}}}
+  converse: {{kind: bedrock, api: converse, region: us-east-1, base_url: "{bedrock.base_url}", {keys}}}
+  claude: {{kind: anthropic, api_key: k, base_url: "{fake_claude.base_url}"}}
+models:
+  "vtx-*": {{targets: [{{provider: vertex}}]}}
+  "brk-*": {{targets: [{{provider: bedrock}}]}}
+  "cnv-*": {{targets: [{{provider: converse}}]}}
+  "cl-*": {{targets: [{{provider: claude}}]}}
+  "arn:*": {{targets: [{{provider: bedrock}}]}}
+"""
+    with run_gateway(yaml) as gw:
+        yield gw
+
+
+@pytest.mark.parametrize("prefix", ["vtx", "brk", "cnv", "cl"])
+@pytest.mark.parametrize("hostile", HOSTILE)
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+def test_a_hostile_model_name_never_reaches_a_provider(
+    every_provider: RunningGateway,
+    vertex: tuple[FakeVertex, Path],
+    bedrock: FakeBedrock,
+    fake_claude: FakeClaudeAPI,
+    prefix: str,
+    hostile: str,
+    path: str,
+) -> None:
+    """Before: a key limited to ``vtx-haiku-*`` asked for ``vtx-haiku-4-5/../vtx-opus`` and Vertex received
+    ``…/models/vtx-opus:rawPredict`` with the gateway's Google token (and, with a trailing ``#``, any Vertex path
+    in any project the credentials reach)."""
+    model = hostile.replace("vtx-", f"{prefix}-", 1) if hostile.startswith("vtx-") else hostile
+    fakes = [vertex[0], bedrock, fake_claude]
+    before = [len(f.requests) for f in fakes]
+    body = {"model": model, **KW} if path == "/v1/messages" else {"model": model, "messages": KW["messages"]}
+    resp = httpx.post(f"{every_provider.url}{path}", json=body, headers={"x-api-key": "haiku-key"})
+    assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error", resp.text
+    assert "model" in resp.json()["error"]["message"]
+    assert [len(f.requests) for f in fakes] == before  # no provider was asked anything
+
+
+def test_names_a_key_is_allowed_still_work(every_provider: RunningGateway, vertex: tuple[FakeVertex, Path]) -> None:
+    resp = httpx.post(
+        f"{every_provider.url}/v1/messages",
+        json={"model": "vtx-haiku-fake-text@20250929", **KW},
+        headers={"x-api-key": "haiku-key"},
+    )
+    assert resp.status_code == 200, resp.text
+    assert vertex[0].requests[-1].raw_path.endswith("/models/vtx-haiku-fake-text@20250929:rawPredict")
+    denied = httpx.post(
+        f"{every_provider.url}/v1/messages", json={"model": "vtx-opus", **KW}, headers={"x-api-key": "haiku-key"}
+    )
+    assert denied.status_code == 403
+
+
+def test_an_arn_is_percent_encoded_not_a_path(every_provider: RunningGateway, bedrock: FakeBedrock) -> None:
+    arn = "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/fake-text"
+    resp = httpx.post(
+        f"{every_provider.url}/v1/messages", json={"model": arn, **KW}, headers={"x-api-key": "haiku-key"}
+    )
+    assert resp.status_code == 200, resp.text
+    assert "application-inference-profile%2Ffake-text/invoke" in bedrock.requests[-1].raw_path
+
+
+def test_adapters_escape_every_url_part_even_past_the_edge() -> None:
+    """Defence in depth: a name that got past the edge still cannot add a segment, a query or a method."""
+    from adapters.bedrock import BedrockAdapter
+    from adapters.vertex import VertexAdapter
+    from gateway.settings import BedrockProvider, VertexProvider
+
+    class Tokens:
+        project = "p/../q"
+
+    vertex = VertexAdapter("v", VertexProvider(region="us-east5", base_url="http://h/v1"), None, tokens=Tokens())  # type: ignore[arg-type]
+    url = vertex._url("a/../b:countTokens?x#y", "rawPredict")
+    assert (
+        url
+        == "http://h/v1/projects/p%2F..%2Fq/locations/us-east5/publishers/anthropic/models/a%2F..%2Fb%3AcountTokens%3Fx%23y:rawPredict"
+    )
+    bedrock = BedrockAdapter("b", BedrockProvider(region="us-east-1", base_url="http://h", api_key="k"), None)  # type: ignore[arg-type]
+    assert bedrock.url("a/../b?x#y", "invoke") == "http://h/model/a%2F..%2Fb%3Fx%23y/invoke"
+
+
+# --- 2. upstream redirects ---------------------------------------------------------------------------------------
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    seen: list[dict[str, str]] = []
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        self.rfile.read(length)
+        type(self).seen.append({k.lower(): v for k, v in self.headers.items()})
+        body = b'{"id":"evil","type":"message","role":"assistant","content":[],"model":"x","stop_reason":"end_turn","usage":{"input_tokens":1,"output_tokens":1}}'
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def _serve(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+@pytest.mark.parametrize("kind", ["anthropic", "foundry", "bedrock"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_redirect_is_an_upstream_error_and_the_key_never_leaves(status: int, kind: str, stream: bool) -> None:
+    """Before: a 307 to another host sent `x-api-key: <provider key>` (Foundry: `api-key` too) there, a 302 became a
+    GET that still carried it, and the other host's answer reached the client as a 200."""
+    other = _serve(_Recorder)
+    _Recorder.seen = []
+    target = f"http://127.0.0.1:{other.server_port}/steal"
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            self.send_response(status)
+            self.send_header("location", target)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    redirecting = _serve(Redirect)
+    url = f"http://127.0.0.1:{redirecting.server_port}"
+    provider = {
+        "anthropic": f'{{kind: anthropic, api_key: provider-secret, base_url: "{url}"}}',
+        "foundry": f'{{kind: foundry, api_key: provider-secret, base_url: "{url}/anthropic"}}',
+        "bedrock": f'{{kind: bedrock, region: us-east-1, api_key: provider-secret, base_url: "{url}"}}',
+    }[kind]
+    yaml = f"""
+auth: {{open: true}}
+resilience: {{retry: {{max_attempts: 1}}}}
+providers: {{p: {provider}}}
+models: {{m: {{targets: [{{provider: p, model: claude-x}}]}}}}
+"""
+    try:
+        with run_gateway(yaml) as gw:
+            resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "m", "stream": stream, **KW})
+            assert resp.status_code == 502 and resp.json()["error"]["type"] == "api_error"
+            assert "redirect" in resp.json()["error"]["message"]
+            assert gw.sample("gateway_upstream_errors_total", provider="p", error_type="api_error") == 1
+        assert _Recorder.seen == []  # the other host never heard from the gateway
+    finally:
+        other.shutdown()
+        redirecting.shutdown()
+
+
+# --- 3-5. configs that turn authentication off, or kill the watcher ----------------------------------------------
+
+BASE = """
+providers: {m: {kind: mock}}
+models: {m: {targets: [{provider: m}]}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("auth", "environ", "message"),
+    [
+        ('auth: {keys: ["${GATEWAY_API_KEY}"]}', {"GATEWAY_API_KEY": ""}, "auth.keys entry 1 is empty"),
+        ('auth: {keys: ["${GATEWAY_API_KEY}"]}', {"GATEWAY_API_KEY": "   "}, "auth.keys entry 1 is empty"),
+        ('auth: {keys: ["${GATEWAY_API_KEY:-}"]}', {}, "auth.keys entry 1 is empty"),
+        ("auth: {keys: [{name: ci, key: ' '}]}", {}, "key 'ci' is empty"),
+        ("", {}, "no auth.keys"),
+        ("auth: {keys: []}", {}, "no auth.keys"),
+        ("auth: {open: true, keys: [k]}", {}, "exclude each other"),
+    ],
+)
+def test_an_empty_key_or_a_silent_open_gateway_is_a_config_error(
+    auth: str, environ: dict[str, str], message: str
+) -> None:
+    """Before: ``GATEWAY_API_KEY=`` (set but empty) started with a warning and served requests without a key."""
+    with pytest.raises(ConfigError, match=message):
+        parse_settings(auth + BASE, source="g.yaml", environ=environ)
+
+
+def test_check_config_refuses_an_empty_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+
+    path = tmp_path / "g.yaml"
+    path.write_text('auth: {keys: ["${GATEWAY_API_KEY}"]}' + BASE)
+    import os
+
+    os.environ["GATEWAY_API_KEY"] = ""
+    try:
+        assert main(["check-config", str(path)]) == 2
+    finally:
+        del os.environ["GATEWAY_API_KEY"]
+    assert "empty" in capsys.readouterr().err
+
+
+def _gateway(path: Path) -> Gateway:
+    async def make() -> Gateway:
+        return Gateway(load_settings(path), make_client("aiohttp"), Metrics(), config_path=path)
+
+    return asyncio.run(make())
+
+
+def test_a_reload_that_loses_the_auth_section_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before: a truncated file, still valid YAML but without its `auth:` section, was reloaded as a normal reload
+    and the next request without a key got 200."""
+    path = tmp_path / "g.yaml"
+    path.write_text("auth: {keys: [k1]}" + BASE)
+    gw = _gateway(path)
+    path.write_text(BASE)  # truncated: no auth section
+    caplog.set_level(logging.WARNING)
+    assert gw.reload() is False
+    assert [k.name for k in gw.keys] == ["key-1"]
+    assert "config reload rejected" in caplog.text and "no auth.keys" in caplog.text
+
+
+def test_a_reload_that_opens_the_gateway_on_purpose_is_applied_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "g.yaml"
+    path.write_text("auth: {keys: [k1]}" + BASE)
+    gw = _gateway(path)
+    path.write_text("auth: {open: true}" + BASE)
+    caplog.set_level(logging.WARNING)
+    assert gw.reload() is True and gw.keys == []
+    assert any(r.levelno == logging.WARNING and "opens the gateway" in r.getMessage() for r in caplog.records)
+
+
+def test_the_watcher_survives_whatever_a_reload_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: ``max_attempts: !!int abc`` raised an uncaught ValueError, and the server ignored every later edit
+    of the file for good. Bad values are ConfigErrors now (tests/unit/test_fuzz.py); and the watch loop goes on
+    even when a reload raises something else."""
+    from gateway import app as app_module
+
+    path = tmp_path / "g.yaml"
+    path.write_text("auth: {keys: [k1]}" + BASE)
+
+    async def scenario() -> list[str]:
+        gw = Gateway(load_settings(path), make_client("aiohttp"), Metrics(), config_path=path)
+        real = app_module.load_settings
+        calls = {"n": 0}
+
+        def flaky(p: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("a bug in the loader")
+            return real(p)
+
+        monkeypatch.setattr(app_module, "load_settings", flaky)
+        watcher = asyncio.ensure_future(gw.watch(0.01))
+        await asyncio.sleep(0.05)  # the watcher has read the file's first stamp
+        path.write_text("auth: {keys: [k1]}\nresilience: {retry: {max_attempts: !!int abc}}" + BASE)
+        await _until(lambda: calls["n"] >= 1)
+        path.write_text("auth: {keys: [k1, k2]}\n" + BASE)  # a later, good edit
+        await _until(lambda: len(gw.keys) == 2)
+        watcher.cancel()
+        await gw.aclose()
+        return [k.name for k in gw.keys]
+
+    caplog.set_level(logging.ERROR)
+    assert asyncio.run(scenario()) == ["key-1", "key-2"]
+    assert "still watching" in caplog.text
+
+
+async def _until(condition: Any, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
