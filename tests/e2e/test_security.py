@@ -157,7 +157,10 @@ class _Recorder(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length") or 0)
         self.rfile.read(length)
         type(self).seen.append({k.lower(): v for k, v in self.headers.items()})
-        body = b'{"id":"evil","type":"message","role":"assistant","content":[],"model":"x","stop_reason":"end_turn","usage":{"input_tokens":1,"output_tokens":1}}'
+        body = (
+            b'{"id":"evil","type":"message","role":"assistant","content":[],"model":"x","stop_reason":"end_turn",'
+            b'"usage":{"input_tokens":1,"output_tokens":1}}'
+        )
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
@@ -265,35 +268,35 @@ def test_check_config_refuses_an_empty_key(tmp_path: Path, capsys: pytest.Captur
     assert "empty" in capsys.readouterr().err
 
 
-def _gateway(path: Path) -> Gateway:
-    async def make() -> Gateway:
-        return Gateway(load_settings(path), make_client("aiohttp"), Metrics(), config_path=path)
+def reloaded(first: str, then: str, tmp_path: Path) -> tuple[bool, list[str]]:
+    """A gateway on ``first``, reloaded from ``then``: whether the reload was applied, and the keys after it."""
+    path = tmp_path / "g.yaml"
+    path.write_text(first)
 
-    return asyncio.run(make())
+    async def go() -> tuple[bool, list[str]]:
+        gw = Gateway(load_settings(path), make_client("aiohttp"), Metrics(), config_path=path)
+        path.write_text(then)
+        try:
+            return gw.reload(), [k.name for k in gw.keys]
+        finally:
+            await gw.aclose()
+
+    return asyncio.run(go())
 
 
 def test_a_reload_that_loses_the_auth_section_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Before: a truncated file, still valid YAML but without its `auth:` section, was reloaded as a normal reload
     and the next request without a key got 200."""
-    path = tmp_path / "g.yaml"
-    path.write_text("auth: {keys: [k1]}" + BASE)
-    gw = _gateway(path)
-    path.write_text(BASE)  # truncated: no auth section
     caplog.set_level(logging.WARNING)
-    assert gw.reload() is False
-    assert [k.name for k in gw.keys] == ["key-1"]
+    assert reloaded("auth: {keys: [k1]}" + BASE, BASE, tmp_path) == (False, ["key-1"])  # BASE: no auth section
     assert "config reload rejected" in caplog.text and "no auth.keys" in caplog.text
 
 
 def test_a_reload_that_opens_the_gateway_on_purpose_is_applied_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = tmp_path / "g.yaml"
-    path.write_text("auth: {keys: [k1]}" + BASE)
-    gw = _gateway(path)
-    path.write_text("auth: {open: true}" + BASE)
     caplog.set_level(logging.WARNING)
-    assert gw.reload() is True and gw.keys == []
+    assert reloaded("auth: {keys: [k1]}" + BASE, "auth: {open: true}" + BASE, tmp_path) == (True, [])
     assert any(r.levelno == logging.WARNING and "opens the gateway" in r.getMessage() for r in caplog.records)
 
 
@@ -335,9 +338,9 @@ def test_the_watcher_survives_whatever_a_reload_raises(
     assert "still watching" in caplog.text
 
 
-async def _until(condition: Any, timeout: float = 5.0) -> None:
+async def _until(condition: Any, within_s: float = 5.0) -> None:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + within_s
     while not condition():
         assert loop.time() < deadline, "timed out"
         await asyncio.sleep(0.01)
