@@ -17,7 +17,7 @@ from gateway.usage import fold_usage
 
 from ._converse import STREAM_EXCEPTIONS, ConverseTranscoder
 from ._eventstream import EventStreamDecoder, EventStreamError, EventStreamMessage, parse_headers
-from .base import batch_of_block, forwardable_headers, provider_request_id, raise_for_redirect
+from .base import batch_of_block, forwardable_headers, provider_request_id, raise_for_redirect, read_error_body
 
 __all__ = [
     "BEDROCK_ERRORS",
@@ -115,7 +115,7 @@ async def raise_for_bedrock(resp: UpstreamResponse, provider: str) -> None:
     if 200 <= status < 300:
         return
     raise_for_redirect(status, provider, provider_request_id(resp.headers))
-    body = await resp.read()
+    body = await read_error_body(resp, provider)
     try:
         parsed = _decode_error_body(body)
     except msgspec.DecodeError:

@@ -18,8 +18,8 @@ import msgspec
 from gateway.errors import UpstreamStatusError, error_type_for_status
 from gateway.events import MALFORMED, Batch, decode_view, decode_views
 from gateway.request import ProxyRequest
-from gateway.sse import SseDecoder, split_block, split_canonical
-from gateway.upstream import UpstreamResponse
+from gateway.sse import FrameTooLarge, SseDecoder, split_block, split_canonical
+from gateway.upstream import MAX_ANSWER_BYTES, MAX_ERROR_BYTES, BodyTooLarge, StreamInterrupted, UpstreamResponse
 
 __all__ = [
     "Adapter",
@@ -32,6 +32,8 @@ __all__ = [
     "provider_request_id",
     "raise_for_redirect",
     "raise_for_upstream",
+    "read_answer",
+    "read_error_body",
 ]
 
 
@@ -48,6 +50,11 @@ class JsonReply:
         self.body = body
         self.headers: dict[str, str] = dict(headers or {})
         self.request_id = request_id or self.headers.get("request-id", "")
+
+    @classmethod
+    async def read(cls, resp: UpstreamResponse, provider: str) -> JsonReply:
+        """The JSON answer ``resp`` carries (``read_answer``: capped, and checked to be JSON)."""
+        return cls.of(resp, await read_answer(resp, provider))
 
     @classmethod
     def of(cls, resp: UpstreamResponse, body: bytes, status: int | None = None) -> JsonReply:
@@ -152,6 +159,47 @@ async def checked(
     return resp
 
 
+async def read_error_body(resp: UpstreamResponse, provider: str) -> bytes:
+    """An error answer's body, at most ``MAX_ERROR_BYTES`` decompressed (a 300-character message needs no more;
+    a gzipped 500 that inflates to gigabytes is refused, not inflated)."""
+    try:
+        return await resp.read(MAX_ERROR_BYTES)
+    except BodyTooLarge:
+        raise UpstreamStatusError(
+            502,
+            "api_error",
+            f"provider {provider!r} answered HTTP {resp.status} with an error body over {MAX_ERROR_BYTES} bytes",
+            request_id=provider_request_id(resp.headers),
+        ) from None
+
+
+async def read_answer(resp: UpstreamResponse, provider: str) -> bytes:
+    """A JSON answer's body, at most ``MAX_ANSWER_BYTES`` decompressed, and JSON: a provider that answers 200
+    with something else (an HTML page, a truncated body) is an upstream error, not a message."""
+    try:
+        body = await resp.read(MAX_ANSWER_BYTES)
+    except BodyTooLarge:
+        raise UpstreamStatusError(
+            502,
+            "api_error",
+            f"provider {provider!r} answered with a body over {MAX_ANSWER_BYTES} bytes",
+            request_id=provider_request_id(resp.headers),
+        ) from None
+    try:
+        _check_json(body)
+    except msgspec.DecodeError:
+        raise UpstreamStatusError(
+            502,
+            "api_error",
+            f"provider {provider!r} answered HTTP {resp.status} with a body that is not JSON",
+            request_id=provider_request_id(resp.headers),
+        ) from None
+    return body
+
+
+_check_json = msgspec.json.Decoder(msgspec.Raw).decode  # validates the whole document, builds nothing
+
+
 def raise_for_redirect(status: int, provider: str, request_id: str = "") -> None:
     """A 3xx is an upstream error (502 ``api_error``): the gateway never follows a redirect, so the provider's
     key never goes to another host, and no other host's answer reaches the client."""
@@ -174,7 +222,7 @@ async def raise_for_upstream(resp: UpstreamResponse, provider: str) -> None:
         return
     rid = provider_request_id(resp.headers)
     raise_for_redirect(status, provider, rid)
-    body = await resp.read()
+    body = await read_error_body(resp, provider)
     headers = forwardable_headers(resp.headers)
     try:
         decoded = _decode_envelope(body)
@@ -253,7 +301,10 @@ class SseEventStream:
         feed = SseDecoder().feed_block
         first = True
         async for chunk in self._resp.chunks():
-            block = feed(chunk)
+            try:
+                block = feed(chunk)
+            except FrameTooLarge as exc:
+                raise StreamInterrupted(f"the provider's stream broke the limits: {exc}") from None
             if not block:
                 continue
             if first:

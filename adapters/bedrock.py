@@ -34,7 +34,7 @@ from ._bedrock_stream import (
     raise_for_bedrock,
 )
 from ._converse import ConverseUnsupported, from_converse_response, to_converse
-from .base import JsonReply, checked
+from .base import JsonReply, checked, read_answer
 from .claude import USER_AGENT, aws_region
 
 __all__ = ["BEDROCK_ERRORS", "STREAM_EXCEPTIONS", "BedrockAdapter", "bedrock_error"]
@@ -108,7 +108,7 @@ class BedrockAdapter:
         if self._converse:
             return await self._converse_complete(request, model)
         resp = await self._post(self.url(model, "invoke"), self.invoke_body(request), {"accept": "application/json"})
-        return JsonReply.of(resp, await resp.read())
+        return await JsonReply.read(resp, self.name)
 
     async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
         if self._converse:
@@ -119,7 +119,7 @@ class BedrockAdapter:
         body = _encode({"input": inner})
         resp = await self._post(self.url(model, "count-tokens"), body, {"accept": "application/json"})
         try:
-            tokens = decode_json(await resp.read())["inputTokens"]
+            tokens = decode_json(await read_answer(resp, self.name))["inputTokens"]
         except (msgspec.DecodeError, KeyError, TypeError) as exc:
             raise UpstreamStatusError(
                 502, "api_error", f"provider {self.name!r}: unexpected CountTokens answer"
@@ -145,7 +145,7 @@ class BedrockAdapter:
         body = self._converse_request(request)
         resp = await self._post(self.url(model, "converse"), body, {"accept": "application/json"})
         try:
-            answer = decode_json(await resp.read())
+            answer = decode_json(await read_answer(resp, self.name))
             message = from_converse_response(answer, model=model, message_id=_message_id(request))
         except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
             raise UpstreamStatusError(502, "api_error", f"provider {self.name!r}: unexpected Converse answer") from exc

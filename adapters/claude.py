@@ -107,11 +107,11 @@ class ClaudeAdapter:
 
     async def complete(self, request: ProxyRequest, model: str) -> JsonReply:
         resp = await self._post(self._messages_url, request, self._body(request, model), stream=False)
-        return JsonReply.of(resp, await resp.read())
+        return await JsonReply.read(resp, self.name)
 
     async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
         resp = await self._post(self._count_url, request, self._body(request, model), stream=False)
-        return JsonReply.of(resp, await resp.read())
+        return await JsonReply.read(resp, self.name)
 
     async def aclose(self) -> None:
         if self._on_close is not None:

@@ -9,13 +9,14 @@ kept in the body. Google-shaped errors become the Anthropic envelope (``base.rai
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator
 from urllib.parse import quote
 
 from gateway.events import Batch
 from gateway.request import ProxyRequest
 from gateway.settings import VertexProvider
-from gateway.upstream import HttpClient, Timeouts, UpstreamResponse
+from gateway.upstream import MAX_ERROR_BYTES, BodyTooLarge, HttpClient, Timeouts, UpstreamResponse
 
 from ._google import GoogleCredentialsUnavailable, GoogleTokenSource
 from .base import JsonReply, SseEventStream, checked
@@ -95,7 +96,8 @@ class VertexAdapter:
             headers["authorization"] = f"Bearer {token}"
             resp = await self._client.send("POST", url, headers=headers, body=body, timeouts=self._timeouts)
             if resp.status == 401 and attempt == 1:  # revoked or skewed: one new token, one retry
-                await resp.read()
+                with contextlib.suppress(BodyTooLarge):
+                    await resp.read(MAX_ERROR_BYTES)
                 await resp.aclose()
                 token = await self.tokens.refresh_after_401(token)
                 continue
@@ -111,12 +113,12 @@ class VertexAdapter:
 
     async def complete(self, request: ProxyRequest, model: str) -> JsonReply:
         resp = await self._post(model, "rawPredict", request, self._body(request), stream=False)
-        return JsonReply.of(resp, await resp.read())
+        return await JsonReply.read(resp, self.name)
 
     async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
         body = request.body_with(set={"anthropic_version": self._config.anthropic_version, "model": model})
         resp = await self._post("count-tokens", "rawPredict", request, body, stream=False)
-        return JsonReply.of(resp, await resp.read())
+        return await JsonReply.read(resp, self.name)
 
     async def aclose(self) -> None:
         return None

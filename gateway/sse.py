@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from gateway.events import KNOWN_EVENTS, EventView
 
 __all__ = [
+    "MAX_EVENT_BYTES",
+    "FrameTooLarge",
     "SseDecoder",
     "SseFrame",
     "encode_frame",
@@ -43,14 +45,28 @@ class SseFrame:
         return f"SseFrame({self.event!r}, {self.data!r})"
 
 
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+"""The largest SSE frame a provider may send (16 MiB, far above any real event: the largest are server-tool
+results of a few hundred KiB). A frame still unfinished past it ends the stream with an ``error``."""
+
+
+class FrameTooLarge(ValueError):
+    """An SSE frame grew past ``MAX_EVENT_BYTES`` without ending (a broken or hostile upstream)."""
+
+
 class SseDecoder:
-    """Incremental SSE parser. ``feed`` returns the frames completed by a chunk."""
+    """Incremental SSE parser. ``feed`` returns the frames completed by a chunk.
 
-    __slots__ = ("_buf", "_cr_pending")
+    An unfinished frame is kept in a ``bytearray`` (appends are amortised) and only the bytes that arrived since
+    are searched for its end, so a frame that arrives in many small reads costs linear time, and one that never
+    ends is refused once it passes ``max_frame`` bytes."""
 
-    def __init__(self) -> None:
-        self._buf = b""
+    __slots__ = ("_buf", "_cr_pending", "max_frame")
+
+    def __init__(self, max_frame: int = MAX_EVENT_BYTES) -> None:
+        self._buf = bytearray()
         self._cr_pending = False  # the previous chunk ended in "\r": a leading "\n" now belongs to it
+        self.max_frame = max_frame
 
     def feed(self, chunk: bytes) -> list[SseFrame]:
         block = self.feed_block(chunk)
@@ -58,19 +74,36 @@ class SseDecoder:
 
     def feed_block(self, chunk: bytes) -> bytes:
         """The complete frames a chunk finishes, as one block of bytes (line endings made ``\\n``) that
-        ends in a blank line; ``b""`` when the chunk completed none. Parse it with ``split_block``."""
+        ends in a blank line; ``b""`` when the chunk completed none. Parse it with ``split_block``.
+        ``FrameTooLarge`` when the unfinished frame passes ``max_frame``."""
         if self._cr_pending and chunk[:1] == b"\n":
             chunk = chunk[1:]
         self._cr_pending = False
         if b"\r" in chunk:
             self._cr_pending = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        buf = self._buf + chunk if self._buf else chunk
-        end = buf.rfind(b"\n\n")
-        if end < 0:
-            self._buf = buf
-            return b""
-        self._buf = buf[end + 2 :]
+        pending = self._buf
+        if pending:  # a frame is unfinished: append, and look for its end among the new bytes only
+            start = len(pending) - 1  # ("\n" + "\n" may straddle the two)
+            pending += chunk
+            end = pending.rfind(b"\n\n", start)
+            if end < 0:
+                self._check(pending)
+                return b""
+            buf = bytes(pending[: end + 2])
+            del pending[: end + 2]
+            self._check(pending)
+        else:  # the usual case: nothing pending, the chunk holds whole frames
+            end = chunk.rfind(b"\n\n")
+            if end < 0:
+                pending += chunk
+                self._check(pending)
+                return b""
+            if end + 2 < len(chunk):
+                pending += chunk[end + 2 :]
+                self._check(pending)
+            buf = chunk[: end + 2] if end + 2 < len(chunk) else chunk
+            end = len(buf) - 2
         if buf[:1] == b"\n":  # blank lines between frames are no frames
             buf = buf.lstrip(b"\n")
             end = buf.rfind(b"\n\n")
@@ -78,10 +111,16 @@ class SseDecoder:
                 return b""
         return buf[: end + 2]
 
+    def _check(self, pending: bytearray) -> None:
+        if len(pending) > self.max_frame:
+            size = len(pending)
+            pending.clear()
+            raise FrameTooLarge(f"an event of over {self.max_frame} bytes (at least {size}) that does not end")
+
     def close(self) -> list[SseFrame]:
         """End of input. A frame that was never terminated by a blank line is dropped (as the SDK does);
         callers detect a truncated stream by its missing terminal event, not here."""
-        self._buf = b""
+        self._buf.clear()
         return []
 
     @property

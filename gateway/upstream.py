@@ -21,7 +21,10 @@ import httpx
 from gateway.errors import UpstreamConnectionError, UpstreamTimeout
 
 __all__ = [
+    "MAX_ANSWER_BYTES",
+    "MAX_ERROR_BYTES",
     "AiohttpClient",
+    "BodyTooLarge",
     "HttpClient",
     "HttpxClient",
     "StreamInterrupted",
@@ -29,6 +32,17 @@ __all__ = [
     "UpstreamResponse",
     "make_client",
 ]
+
+
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+"""The largest JSON answer read from a provider, decompressed (the API's own request limit; a message is
+far smaller). A gzip that inflates past it is refused as it inflates, never held whole."""
+MAX_ERROR_BYTES = 1024 * 1024
+"""The largest error body read from a provider, decompressed."""
+
+
+class BodyTooLarge(Exception):
+    """A provider's body passed the limit ``read`` was given."""
 
 
 class StreamInterrupted(Exception):
@@ -59,7 +73,9 @@ class UpstreamResponse(Protocol):
 
     def chunks(self) -> AsyncIterator[bytes]: ...
 
-    async def read(self) -> bytes: ...
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body, decompressed; ``BodyTooLarge`` as soon as it passes ``limit`` bytes."""
+        ...
 
     def at_eof(self) -> bool:
         """Whether the body has arrived to its end and been read: going on with ``chunks`` reads nothing more
@@ -106,9 +122,17 @@ class _AiohttpResponse:
         finally:
             self._resp.release()
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int | None = None) -> bytes:
         try:
-            return await self._resp.read()
+            if limit is None:
+                return await self._resp.read()
+            body = bytearray()
+            async for chunk in self._resp.content.iter_any():  # decompressed as it arrives
+                body += chunk
+                if len(body) > limit:
+                    self._resp.close()
+                    raise BodyTooLarge(f"the body passed {limit} bytes")
+            return bytes(body)
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
             if isinstance(exc, asyncio.TimeoutError):
                 raise UpstreamTimeout("timed out reading the upstream response") from exc
@@ -191,9 +215,16 @@ class _HttpxResponse:
         finally:
             await self._resp.aclose()
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int | None = None) -> bytes:
         try:
-            return await self._resp.aread()
+            if limit is None:
+                return await self._resp.aread()
+            body = bytearray()
+            async for chunk in self._resp.aiter_bytes():  # decoded as it arrives
+                body += chunk
+                if len(body) > limit:
+                    raise BodyTooLarge(f"the body passed {limit} bytes")
+            return bytes(body)
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout("timed out reading the upstream response") from exc
         except httpx.TransportError as exc:

@@ -344,3 +344,127 @@ async def _until(condition: Any, within_s: float = 5.0) -> None:
     while not condition():
         assert loop.time() < deadline, "timed out"
         await asyncio.sleep(0.01)
+
+
+# --- 6-7. unbounded upstream bodies and endless events -----------------------------------------------------------
+
+START = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","type":"message","role":"assistant",'
+    b'"model":"x","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":1}}}'
+    b"\n\n"
+)
+
+
+def _bomb(size: int) -> bytes:
+    import zlib
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # gzip
+    zeros = b"\0" * (4 * 1024 * 1024)
+    return b"".join(packer.compress(zeros) for _ in range(size // len(zeros))) + packer.flush()
+
+
+BOMB = _bomb(256 * 1024 * 1024)  # ~250 KB that inflate to 256 MiB
+
+
+class Hostile(BaseHTTPRequestHandler):
+    """A provider that answers each model with a different abuse."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        import json as _json
+
+        model = _json.loads(self.rfile.read(int(self.headers["content-length"])))["model"]
+        if model in ("gzip-bomb-200", "gzip-bomb-500"):
+            self.send_response(200 if model.endswith("200") else 500)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-encoding", "gzip")
+            self.send_header("content-length", str(len(BOMB)))
+            self.end_headers()
+            self.wfile.write(BOMB)
+        elif model == "html-200":
+            body = b"<html><body>Welcome to the captive portal</body></html>"
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:  # streams: one huge event, or one that never ends
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.wfile.write(START)
+            huge = b'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":'
+            huge += b'{"type":"text","text":"' + b"a" * (20 * 1024 * 1024) + b'"}}\n\n'
+            try:
+                if model == "huge-event":
+                    self.wfile.write(huge)
+                else:
+                    for _ in range(4096):  # 256 MiB at most, then give up
+                        self.wfile.write(b"a" * 65536)
+            except OSError:
+                pass  # the gateway hung up: what this test wants
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def hostile() -> Iterator[RunningGateway]:
+    server = _serve(Hostile)
+    yaml = f"""
+auth: {{open: true}}
+resilience: {{retry: {{max_attempts: 1}}}}
+providers: {{evil: {{kind: anthropic, api_key: k, base_url: "http://127.0.0.1:{server.server_port}"}}}}
+models: {{"*": {{targets: [{{provider: evil}}]}}}}
+"""
+    try:
+        with run_gateway(yaml) as gw:
+            yield gw
+    finally:
+        server.shutdown()
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("gzip-bomb-200", "with a body over 33554432 bytes"),
+        ("gzip-bomb-500", "with an error body over 1048576 bytes"),
+        ("html-200", "with a body that is not JSON"),
+    ],
+)
+def test_a_json_answer_is_bounded_and_must_be_json(hostile: RunningGateway, model: str, message: str) -> None:
+    """Before: a 1 MB gzip inflating to 1 GiB reached the client as a 200 of 1,073,741,824 bytes (2.1 GiB RSS), a
+    gzipped 500 was inflated whole to build a 300-character message, and a 200 text/html page was returned as
+    application/json."""
+    before = _peak_rss_mb()
+    resp = httpx.post(f"{hostile.url}/v1/messages", json={"model": model, **KW}, timeout=30)
+    assert resp.status_code == 502 and resp.json()["error"]["type"] == "api_error"
+    assert message in resp.json()["error"]["message"]
+    assert _peak_rss_mb() - before < 120  # never the whole inflated body
+
+
+@pytest.mark.parametrize("model", ["huge-event", "endless-line"])
+def test_an_event_over_the_frame_limit_ends_the_stream_with_an_error(hostile: RunningGateway, model: str) -> None:
+    """Before: a single 300 MiB event was passed on (1.9 GiB RSS), and a line that never ends was buffered without
+    limit at quadratic cost (370 MiB in 60 s, one core at 100 %, other requests slowed to 0.3-0.6 s)."""
+    import time as _time
+
+    started = _time.monotonic()
+    before = _peak_rss_mb()
+    resp = httpx.post(f"{hostile.url}/v1/messages", json={"model": model, "stream": True, **KW}, timeout=60)
+    assert resp.status_code == 200
+    last = resp.text.rstrip().split("\n")[-1]
+    assert last.startswith('data: {"type":"error","error":{"type":"api_error"') and "16777216 bytes" in last
+    assert "message_stop" not in resp.text
+    assert _time.monotonic() - started < 10
+    assert _peak_rss_mb() - before < 150
+    healthz = _time.monotonic()
+    assert httpx.get(f"{hostile.url}/healthz").status_code == 200 and _time.monotonic() - healthz < 1

@@ -62,7 +62,7 @@ class Resp:
         for part in self.parts:
             yield part
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int | None = None) -> bytes:
         return b"".join(self.parts)
 
     async def aclose(self) -> None:

@@ -66,7 +66,7 @@ class _Resp:
         if self._broken:
             raise StreamInterrupted("connection reset by peer")
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int | None = None) -> bytes:
         return b"".join(self._parts)
 
     def at_eof(self) -> bool:

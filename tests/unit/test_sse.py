@@ -86,3 +86,22 @@ def test_recorded_streams_split_invariant(path: Path, data: st.DataObject) -> No
     whole = frames([body])
     assert whole, "a recorded stream has frames"
     assert frames(split_at(body, cuts)) == whole
+
+
+def test_an_unfinished_frame_past_the_limit_is_refused_and_small_reads_stay_linear() -> None:
+    import pytest
+
+    from gateway.sse import FrameTooLarge
+
+    decoder = SseDecoder(max_frame=1000)
+    decoder.feed_block(b"event: a\ndata: ")
+    for _ in range(30):
+        decoder.feed_block(b"x" * 30)  # 900 bytes pending: still allowed
+    with pytest.raises(FrameTooLarge, match="over 1000 bytes"):
+        decoder.feed_block(b"x" * 200)
+    assert not decoder.pending  # nothing is kept of it
+    # a frame that arrives in one-byte reads is found, whatever the reads
+    frame = b'event: ping\ndata: {"type":"ping"}\n\n'
+    decoder = SseDecoder()
+    blocks = [decoder.feed_block(frame[i : i + 1]) for i in range(len(frame))]
+    assert b"".join(blocks) == frame and blocks[-1] == frame

@@ -22,7 +22,7 @@ class Resp:
     async def chunks(self) -> AsyncIterator[bytes]:
         yield self.body
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int | None = None) -> bytes:
         return self.body
 
     async def aclose(self) -> None:
