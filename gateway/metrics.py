@@ -111,9 +111,12 @@ class Metrics:
         duration: float,
         time_to_first_token: float | None,
         timed: bool = True,
+        priced_as: str | None = None,
     ) -> None:
         """One request's outcome and tokens; ``timed``: observe its duration and time to first token too (not
-        for a token count, whose latency is not a message's)."""
+        for a token count, whose latency is not a message's). ``model`` is a label, so it is the configured
+        target model ("" for a target that forwards the client's name: a name a client invents never becomes a
+        label value); ``priced_as`` is the model actually asked for, which the pricing table is matched on."""
         children = self._children.get((alias, provider, model, outcome))
         if children is None:
             children = self._children[(alias, provider, model, outcome)] = _Children(
@@ -129,7 +132,7 @@ class Metrics:
         if usage.cache_creation_input_tokens:
             children.cache_creation.inc(usage.cache_creation_input_tokens)
         if self.pricing:
-            price = self.price_of(model)
+            price = self.price_of(priced_as if priced_as is not None else model)
             if price is not None:
                 cost = (
                     (usage.input_tokens or 0) * price.input

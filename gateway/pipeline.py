@@ -151,6 +151,7 @@ async def _attempts(
         tally.attempts = tried
         previous = target
         tally.provider, tally.model = target.provider, target.upstream_model(request.model)
+        tally.model_label = target.model or ""  # never the client's own name: it would be a label value
         started = res.clock()
         health.begin()
         try:

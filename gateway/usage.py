@@ -132,6 +132,7 @@ class UsageTally:
         "last_chunk",
         "method",
         "model",
+        "model_label",
         "path",
         "provider",
         "recorded",
@@ -159,7 +160,8 @@ class UsageTally:
         self._clock = clock
         self.alias = alias
         self.provider = provider
-        self.model = model
+        self.model = model  # the upstream model id actually asked for (access line, pricing)
+        self.model_label = model  # the configured target model: "" for one that forwards the client's name
         self.usage = EMPTY
         self.started = clock()
         self.started_ns = time.time_ns() if metrics.tracer is not None else 0
@@ -209,7 +211,8 @@ class UsageTally:
         self._metrics.record_request(
             alias=self.alias,
             provider=self.provider,
-            model=self.model,
+            model=self.model_label,
+            priced_as=self.model,
             outcome=outcome,
             usage=self.usage,
             duration=duration,

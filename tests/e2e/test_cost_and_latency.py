@@ -18,7 +18,9 @@ def test_cost_follows_the_pricing_table(stream: bool, fake: FakeClaudeAPI) -> No
     yaml = f"""
 auth: {{open: true}}
 providers: {{c1: {{kind: anthropic, api_key: p, base_url: "{fake.base_url}"}}}}
-models: {{"*": {{targets: [{{provider: c1}}]}}}}
+models:
+  fake-text: {{targets: [{{provider: c1, model: fake-text}}]}}
+  unpriced: {{targets: [{{provider: c1, model: unpriced}}]}}
 pricing:
   "fake-text": {{input: 3, output: 15, cache_read: 0.3, cache_creation: 3.75}}
   "fake-*": {{input: 1000, output: 1000}}
@@ -39,9 +41,12 @@ pricing:
             + usage["cache_read_input_tokens"] * 0.3
             + usage["cache_creation_input_tokens"] * 3.75
         ) / 1e6
-        got = gw.sample("gateway_cost_usd_total", alias="*", provider="c1", model="fake-text")
+        got = gw.sample("gateway_cost_usd_total", alias="fake-text", provider="c1", model="fake-text")
         assert got == pytest.approx(2 * one)  # the first matching pattern wins, not "fake-*"
-        assert gw.sample("gateway_cost_usd_total", alias="*", provider="c1", model="unpriced") == 0
-        assert gw.sample("gateway_added_latency_seconds_count", alias="*", provider="c1") == 3
-        added = gw.sample("gateway_added_latency_seconds_sum", alias="*", provider="c1")
+        assert gw.sample("gateway_cost_usd_total", alias="unpriced", provider="c1", model="unpriced") == 0
+        assert gw.sample("gateway_added_latency_seconds_count", alias="fake-text", provider="c1") == 2
+        assert gw.sample("gateway_added_latency_seconds_count", alias="unpriced", provider="c1") == 1
+        added = gw.sample("gateway_added_latency_seconds_sum", alias="fake-text", provider="c1") + gw.sample(
+            "gateway_added_latency_seconds_sum", alias="unpriced", provider="c1"
+        )
         assert 0 <= added < 1

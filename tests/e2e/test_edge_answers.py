@@ -260,7 +260,7 @@ def test_an_exception_before_the_answer_is_a_500_api_error_in_the_envelope(
     assert (line["status"], line["outcome"]) == (500, "internal_error")
     tracebacks = [r for r in caplog.records if r.exc_info and "adapter bug" in str(r.exc_info[1])]
     assert len(tracebacks) == 1  # logged once, with its traceback
-    labels = {"alias": "buggy", "provider": "m", "model": "buggy", "outcome": "internal_error"}
+    labels = {"alias": "buggy", "provider": "m", "model": "", "outcome": "internal_error"}
     assert broken_mock.sample("gateway_requests_total", **labels) == 1
 
 

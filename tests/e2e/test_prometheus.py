@@ -49,6 +49,7 @@ providers:
   c1: {{kind: anthropic, api_key: p, base_url: "{fake.base_url}"}}
   c2: {{kind: anthropic, api_key: p, base_url: "{fake.base_url}"}}
 models:
+  fake-text: {{targets: [{{provider: c1, model: fake-text}}, {{provider: c2, model: fake-text}}]}}
   "*": {{targets: [{{provider: c1}}, {{provider: c2}}]}}
 pricing: {{"fake-*": {{input: 3, output: 15}}}}
 """

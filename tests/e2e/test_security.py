@@ -468,3 +468,42 @@ def test_an_event_over_the_frame_limit_ends_the_stream_with_an_error(hostile: Ru
     assert _peak_rss_mb() - before < 150
     healthz = _time.monotonic()
     assert httpx.get(f"{hostile.url}/healthz").status_code == 200 and _time.monotonic() - healthz < 1
+
+
+# --- 8. client-chosen model names as metric labels ---------------------------------------------------------------
+
+
+def test_names_a_client_invents_never_become_metric_labels() -> None:
+    """Before: through a glob route, 5,000 requests with unique model names grew /metrics from 176 KB to 15.7 MB
+    (50,000 series). Labels are the alias and the configured upstream model only; the access line keeps the
+    real name, and pricing still matches it."""
+    import json as _json
+
+    yaml = """
+auth: {open: true}
+providers: {m: {kind: mock, deltas: 1}}
+models:
+  "claude-*": {targets: [{provider: m}]}
+  pinned: {targets: [{provider: m, model: claude-pinned-1}]}
+pricing: {"claude-*": {input: 1000000, output: 1000000}}
+"""
+    with run_gateway(yaml) as gw, httpx.Client(base_url=gw.url) as http:
+        http.post("/v1/messages", json={"model": "pinned", **KW})
+        http.post("/v1/messages", json={"model": "claude-invented-first", **KW})
+        size = len(http.get("/metrics").text)
+        for i in range(299):
+            http.post("/v1/messages", json={"model": f"claude-invented-{i}", **KW})
+        text = http.get("/metrics").text
+        assert "claude-invented" not in text
+        assert abs(len(text) - size) < 200  # the same series (only their values change), not 300 times the series
+        labels = {"alias": "claude-*", "provider": "m", "model": ""}
+        assert gw.sample("gateway_requests_total", **labels, outcome="completed") == 300
+        assert gw.sample("gateway_cost_usd_total", **labels) > 300  # priced by the real name, labelled by none
+        assert (
+            gw.sample(
+                "gateway_requests_total", alias="pinned", provider="m", model="claude-pinned-1", outcome="completed"
+            )
+            == 1
+        )
+        status = _json.dumps(http.get("/v1/gateway/status").json())
+        assert "claude-invented" not in status

@@ -154,7 +154,8 @@ def check_client_stream(events: list[dict[str, Any]], sent: list[bytes]) -> None
 
 
 def sse_datas(body: bytes) -> list[bytes]:
-    """The data of each well-formed frame, in order (what the provider meant to send)."""
+    """The data of each well-formed frame, in order (what the provider meant to send), pings left out (by their
+    event name, as the client's side is)."""
     out = []
     for frame in SseDecoder().feed(body):
         try:
@@ -162,7 +163,8 @@ def sse_datas(body: bytes) -> list[bytes]:
             json.loads(frame.data.decode("utf-8", "replace"))
         except (msgspec.DecodeError, ValueError):
             continue
-        out.append(frame.data)
+        if frame.event != b"ping":
+            out.append(frame.data)
     return out
 
 
