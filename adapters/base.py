@@ -10,6 +10,7 @@ client once per read rather than once per event.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Protocol
 
@@ -106,17 +107,29 @@ def provider_request_id(headers: Mapping[str, str]) -> str:
     """The provider's own id for a request, from its response headers (case-insensitive): ``request-id`` (the
     Claude API, Vertex, Foundry), else AWS's ``x-amzn-requestid`` (Bedrock; what an AWS support case asks for);
     "" without one. Kept for the access line, never sent to the client unless it is ``request-id``."""
-    return headers.get("request-id") or headers.get("x-amzn-requestid") or ""
+    for name in ("request-id", "x-amzn-requestid"):
+        value = headers.get(name)
+        if value and _REQUEST_ID.fullmatch(value):
+            return value
+    return ""
 
 
 def forwardable_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The provider response headers a client's SDK reads: request id, retry hints, rate limits."""
+    """The provider response headers a client's SDK reads: request id, retry hints, rate limits. A
+    ``request-id`` that is not a short token is dropped (the gateway's own id stays)."""
     out: dict[str, str] = {}
     for name, value in headers.items():
         low = name.lower()
         if low in _FORWARD_EXACT or low.startswith(_FORWARD_PREFIXES):
+            if low == "request-id" and not _REQUEST_ID.fullmatch(value):
+                continue
             out[low] = value
     return out
+
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+"""What a provider's request id may look like to be kept (``req_…``, a UUID, Vertex's and Foundry's forms): a
+short token, so it can go into a response header and the access line as it is."""
 
 
 class _ErrorBody(msgspec.Struct):
@@ -187,11 +200,13 @@ async def read_answer(resp: UpstreamResponse, provider: str) -> bytes:
         ) from None
     try:
         _check_json(body)
-    except msgspec.DecodeError:
+        if not body.isascii():
+            body.decode("utf-8")  # msgspec skips over strings it does not decode: check them here
+    except (msgspec.DecodeError, UnicodeDecodeError):
         raise UpstreamStatusError(
             502,
             "api_error",
-            f"provider {provider!r} answered HTTP {resp.status} with a body that is not JSON",
+            f"provider {provider!r} answered HTTP {resp.status} with a body that is not JSON (or not UTF-8)",
             request_id=provider_request_id(resp.headers),
         ) from None
     return body

@@ -10,8 +10,15 @@ import msgspec
 from litestar import Request, Response, get
 from litestar.exceptions import HTTPException
 
-from gateway.edge import authenticate, may_use
-from gateway.errors import GatewayError, InvalidRequest, NotFound, error_type_for_status, new_request_id
+from gateway.edge import authenticate, is_admin, may_use
+from gateway.errors import (
+    AuthenticationError,
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    error_type_for_status,
+    new_request_id,
+)
 from gateway.metrics import CONTENT_TYPE
 from gateway.routing import Route
 
@@ -100,7 +107,11 @@ async def healthz() -> Response[bytes]:
 
 @get("/metrics")
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-    return Response(_gateway(request).metrics.render(), media_type=CONTENT_TYPE)
+    """Prometheus text; with ``admin.keys``, only for an admin key."""
+    gw = _gateway(request)
+    if gw.admin_keys and not is_admin(gw.admin_keys, request.headers):
+        return error_response(AuthenticationError("GET /metrics needs an admin key (admin.keys)"), new_request_id())
+    return Response(gw.metrics.render(), media_type=CONTENT_TYPE)
 
 
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:

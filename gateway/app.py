@@ -17,7 +17,7 @@ from litestar import Litestar
 
 from adapters import Adapter, build_adapter
 from gateway.api import HANDLERS, exception_handlers
-from gateway.edge import build_keys
+from gateway.edge import ClientKey, build_keys
 from gateway.errors import GatewayError, new_request_id
 from gateway.messages import DRAIN_CANCEL, messages_endpoint, method_not_allowed, send_error
 from gateway.metrics import Metrics
@@ -63,6 +63,7 @@ class Gateway:
         self.reloads = 0
         self._retired: list[dict[str, Adapter]] = []
         self.adapters: dict[str, Adapter] = {}
+        self.admin_keys: list[ClientKey] = []
         self._apply(settings)
         metrics.registry.register(BreakerCollector(self))
 
@@ -73,17 +74,19 @@ class Gateway:
         routes = RouteTable(settings.models, adapters, settings.resilience.breaker)
         resilience = self._fixed_resilience or Resilience(settings.resilience)
         keys = build_keys(settings.auth.keys)
+        admin_keys = build_keys(settings.admin.keys)
         self.metrics.set_pricing(settings.pricing)
         self.metrics.tracer = request_tracer(settings.server.tracing)
         if self.adapters:
             self._retired.append(self.adapters)  # closed at shutdown: in-flight requests may still use them
         # one assignment each, no await in between: a request sees the old table or the new one
-        self.settings, self.adapters, self.routes, self.resilience, self.keys = (
+        self.settings, self.adapters, self.routes, self.resilience, self.keys, self.admin_keys = (
             settings,
             adapters,
             routes,
             resilience,
             keys,
+            admin_keys,
         )
 
     def reload(self, path: str | Path | None = None) -> bool:
@@ -253,7 +256,7 @@ def _outcome_of_status(status: int) -> str:
 
 class _Watched:
     """A route's ``send``, watched: the status and request id it answered with; a response without a
-    ``request-id`` gets the gateway's."""
+    ``request-id`` gets the gateway's, and every response ``x-content-type-options: nosniff``."""
 
     __slots__ = ("_send", "request_id", "started", "status")
 
@@ -266,12 +269,17 @@ class _Watched:
     async def send(self, message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
             headers = list(message.get("headers", ()))
+            nosniff = False
             for name, value in headers:
-                if name.lower() == b"request-id":
+                low = name.lower()
+                if low == b"request-id":
                     self.request_id = value.decode("latin-1")
-                    break
-            else:
+                elif low == b"x-content-type-options":
+                    nosniff = True
+            if not any(name.lower() == b"request-id" for name, _ in headers):
                 headers.append((b"request-id", self.request_id.encode()))
+            if not nosniff:
+                headers.append((b"x-content-type-options", b"nosniff"))
             message = {**message, "headers": headers}
             self.status = message["status"]
             await self._send(message)

@@ -28,6 +28,7 @@ __all__ = [
     "check_max_tokens",
     "check_model_name",
     "forwarded_headers",
+    "is_admin",
     "may_use",
     "proxy_request",
     "read_body",
@@ -124,6 +125,17 @@ def authenticate(keys: Sequence[ClientKey], headers: Mapping[str, str]) -> tuple
     if matched is None:
         raise AuthenticationError("invalid API key")
     return sent, matched
+
+
+def is_admin(admin_keys: Sequence[ClientKey], headers: Mapping[str, str]) -> bool:
+    """Whether the request carries one of ``admin_keys`` (compared like client keys, in constant time)."""
+    if not admin_keys:
+        return False
+    try:
+        authenticate(admin_keys, headers)
+    except AuthenticationError:
+        return False
+    return True
 
 
 def _client_model(route: Route, model: str) -> str | None:

@@ -287,6 +287,19 @@ def _error_json(data: bytes) -> bytes:
     return bytes(_decode_error_only(data).error)
 
 
+def check_utf8(batch: Batch, sent: int) -> None:
+    """``Violation`` (rule ``utf8``) at the first of the batch's first ``sent`` events whose bytes are not UTF-8: a
+    client's SDK would fail to decode it, so it never goes out. Its ``at`` stops the batch there, as the
+    validator's violations do."""
+    for i, data in enumerate(batch.datas[:sent]):
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            violation = Violation("utf8", "an event that is not valid UTF-8")
+            violation.at = i
+            raise violation from None
+
+
 async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -> AsyncIterator[bytes]:
     """The client's SSE body: one write per upstream read; ``error`` (never ``message_stop``) on failure."""
     validator = StreamValidator()
@@ -300,6 +313,9 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
             failure = b""
             try:
                 sent = check_all(views)
+                raw = batch.raw
+                if not (raw.isascii() if raw is not None else all(d.isascii() for d in batch.datas)):
+                    check_utf8(batch, sent)  # rare: only a batch with non-ASCII bytes is decoded
             except Violation as violation:
                 metrics.violations.labels(provider, violation.rule).inc()
                 failure = error_frame("api_error", f"invalid stream from provider: {violation.message}")

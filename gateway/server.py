@@ -155,6 +155,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         head += [b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items()]
         head += [
             b"content-type: application/json\r\n",
+            b"x-content-type-options: nosniff\r\n",
             b"content-length: %d\r\n" % len(body),
             b"connection: close\r\n\r\n",
         ]

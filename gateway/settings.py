@@ -17,6 +17,7 @@ import msgspec
 import yaml
 
 __all__ = [
+    "AdminSettings",
     "AnthropicProvider",
     "ApiKey",
     "AuthSettings",
@@ -129,6 +130,18 @@ class AuthSettings(_Strict, frozen=True, kw_only=True):
                 raise ValueError(f"auth.keys entry {position} is empty or white space (an unset variable?)")
         if self.open and self.keys:
             raise ValueError("auth.open: true and auth.keys exclude each other: keep one")
+
+
+class AdminSettings(_Strict, frozen=True, kw_only=True):
+    """Keys for the operator's routes. With any: ``GET /metrics`` requires one (Prometheus sends it as a bearer
+    token), and ``GET /v1/gateway/status`` shows everything only to one (a client key sees its own aliases)."""
+
+    keys: list[str | ApiKey] = []
+
+    def __post_init__(self) -> None:
+        for position, entry in enumerate(self.keys, start=1):
+            if isinstance(entry, str) and not entry.strip():
+                raise ValueError(f"admin.keys entry {position} is empty or white space (an unset variable?)")
 
 
 class _Provider(_Strict, tag_field="kind", frozen=True, kw_only=True):
@@ -265,6 +278,7 @@ class Price(_Strict, frozen=True, kw_only=True):
 class Settings(_Strict, frozen=True, kw_only=True):
     server: ServerSettings = ServerSettings()
     auth: AuthSettings = AuthSettings()
+    admin: AdminSettings = AdminSettings()
     resilience: ResilienceSettings = ResilienceSettings()
     providers: dict[str, ProviderConfig] = {}
     models: dict[str, ModelRoute] = {}
@@ -299,7 +313,12 @@ def parse_settings(text: str, *, source: str = "<config>", environ: Mapping[str,
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: invalid YAML: {exc}") from exc
+        # the line and column, and what is wrong — never the snippet of the line, which may hold a secret
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or "not a YAML document"
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        column = f" (column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"{where}: invalid YAML: {problem}{column}") from None
     lines: dict[str, int] = {}
     data = {} if node is None else _to_python(node, "$", lines, env, source)
     # msgspec reports dict values as `[...]`; check keyed sections one entry at a time to name the key.
@@ -389,7 +408,11 @@ _PATH = re.compile(r"at `(\$[^`]*)`")
 _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
 
 
+_QUOTED_VALUE = re.compile(r"(Invalid enum value|Invalid value) '[^']*'")
+
+
 def _locate(message: str, lines: dict[str, int], source: str) -> str:
+    message = _QUOTED_VALUE.sub(r"\1", message)  # name the key and the line, never the value (a secret?)
     match = _PATH.search(message)
     path = match.group(1) if match else "$"
     unknown = _UNKNOWN.search(message)

@@ -4,14 +4,14 @@ routes with, read at the moment of the request. Keyed like the other routes when
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from litestar import Request, Response, get
 
 from gateway.api import error_response
-from gateway.edge import authenticate
+from gateway.edge import authenticate, is_admin, may_use
 from gateway.errors import GatewayError, new_request_id
 from gateway.metrics import TOKEN_TYPES
 
@@ -27,13 +27,16 @@ _encode = msgspec.json.Encoder().encode
 _Totals = dict[tuple[str, str, str], dict[str, float]]
 
 
-def status_document(gw: Gateway, now: float | None = None) -> dict[str, Any]:
+def status_document(
+    gw: Gateway, now: float | None = None, *, visible: Callable[[Route], bool] | None = None
+) -> dict[str, Any]:
     """Routes and health from the live route table; token totals and request outcomes from the metrics
-    registry (the samples ``/metrics`` renders), per target and per alias."""
+    registry (the samples ``/metrics`` renders), per target and per alias; only the routes ``visible`` keeps."""
     now = gw.resilience.clock() if now is None else now  # the clock the breakers run on
     tokens = gw.metrics.totals(gw.metrics.tokens, "type")
     outcomes = gw.metrics.totals(gw.metrics.requests, "outcome")
-    return {"aliases": [_route(route, now, tokens, outcomes) for route in gw.routes.all_routes()]}
+    routes = [route for route in gw.routes.all_routes() if visible is None or visible(route)]
+    return {"aliases": [_route(route, now, tokens, outcomes) for route in routes]}
 
 
 def _sum(totals: _Totals, alias: str, provider: str | None, model: str | None, keys: tuple[str, ...] = ()) -> Any:
@@ -73,11 +76,16 @@ def _route(route: Route, now: float, tokens: _Totals, outcomes: _Totals) -> dict
 async def gateway_status(request: Request[Any, Any, Any]) -> Response[bytes]:
     gw: Gateway = request.app.state.gateway
     rid = new_request_id()
-    try:
-        authenticate(gw.keys, request.headers)
-    except GatewayError as exc:
-        return error_response(exc, rid)
-    return Response(_encode(status_document(gw)), media_type="application/json", headers={"request-id": rid})
+    if is_admin(gw.admin_keys, request.headers):
+        document = status_document(gw)
+    else:
+        try:
+            _, key = authenticate(gw.keys, request.headers)
+        except GatewayError as exc:
+            return error_response(exc, rid)
+        # a client key sees the aliases it may use, as GET /v1/models lists them
+        document = status_document(gw, visible=lambda route: may_use(key, route, route.alias))
+    return Response(_encode(document), media_type="application/json", headers={"request-id": rid})
 
 
 STATUS_HANDLERS = [gateway_status]

@@ -11,6 +11,7 @@ environments that prefer it). Foreign exceptions become gateway errors at this b
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Mapping
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Protocol
@@ -43,6 +44,9 @@ MAX_ERROR_BYTES = 1024 * 1024
 
 class BodyTooLarge(Exception):
     """A provider's body passed the limit ``read`` was given."""
+
+
+log = logging.getLogger("gateway")
 
 
 class StreamInterrupted(Exception):
@@ -179,9 +183,10 @@ class AiohttpClient:
                 method, url, headers=headers, data=body, timeout=timeout, allow_redirects=False
             )
         except TimeoutError as exc:
-            raise UpstreamTimeout(f"timed out connecting to or waiting for {_host(url)}") from exc
+            log.warning("timed out connecting to or waiting for %s", _host(url))
+            raise UpstreamTimeout("timed out connecting to or waiting for the provider") from exc
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamConnectionError(_describe(exc, f"cannot reach {_host(url)}")) from exc
+            raise _unreachable(url, exc) from exc
         return _AiohttpResponse(resp)
 
     async def aclose(self) -> None:
@@ -257,9 +262,10 @@ class HttpxClient:
         try:
             resp = await self._client.send(request, stream=True, follow_redirects=False)  # never (see aiohttp's)
         except httpx.TimeoutException as exc:
-            raise UpstreamTimeout(f"timed out connecting to or waiting for {_host(url)}") from exc
+            log.warning("timed out connecting to or waiting for %s", _host(url))
+            raise UpstreamTimeout("timed out connecting to or waiting for the provider") from exc
         except httpx.TransportError as exc:
-            raise UpstreamConnectionError(_describe(exc, f"cannot reach {_host(url)}")) from exc
+            raise _unreachable(url, exc) from exc
         return _HttpxResponse(resp)
 
     async def aclose(self) -> None:
@@ -276,6 +282,12 @@ def make_client(name: str = "aiohttp") -> HttpClient:
 
         return HttpxClient(AiohttpTransport())
     raise ValueError(f"unknown upstream client {name!r} (aiohttp, httpx or httpx-aiohttp)")
+
+
+def _unreachable(url: str, exc: BaseException) -> UpstreamConnectionError:
+    """A connect failure as the client sees it: its kind, not the provider's host and port (those are logged)."""
+    log.warning("cannot reach %s: %s", _host(url), _describe(exc, type(exc).__name__))
+    return UpstreamConnectionError(f"cannot reach the provider ({type(exc).__name__})")
 
 
 def _host(url: str) -> str:

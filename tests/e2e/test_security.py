@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Iterator
@@ -507,3 +508,174 @@ pricing: {"claude-*": {input: 1000000, output: 1000000}}
         )
         status = _json.dumps(http.get("/v1/gateway/status").json())
         assert "claude-invented" not in status
+
+
+# --- 9. huge request headers, with the default limits ----------------------------------------------------------
+
+
+def test_default_header_limits_answer_431_at_once() -> None:
+    """Before: 100,000 headers and a 16 MiB header were accepted; one 256 MiB header took 68 s to answer."""
+    import socket as _socket
+    import time as _time
+
+    with run_gateway("auth: {open: true}" + BASE) as gw:
+        host, port = gw.url.removeprefix("http://").split(":")
+        for head in (
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\n" + b"".join(b"x-%d: v\r\n" % i for i in range(101)) + b"\r\n",
+            b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (16 * 1024 * 1024) + b"\r\n\r\n",
+        ):
+            started = _time.monotonic()
+            with _socket.create_connection((host, int(port)), timeout=10) as sock:
+                with contextlib.suppress(OSError):  # refused while still sending: the answer is already there
+                    sock.sendall(head)
+                answer = b""
+                while chunk := sock.recv(65536):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.1 431"), answer[:100]
+            assert b"x-content-type-options: nosniff" in answer
+            assert _time.monotonic() - started < 5
+
+
+# --- 10. the status document and /metrics -------------------------------------------------------------------------
+
+
+def test_status_is_filtered_per_key_and_metrics_need_an_admin_key() -> None:
+    """Before: /v1/gateway/status showed every alias, provider and upstream model to any client key."""
+    yaml = """
+auth:
+  keys:
+    - {name: a-only, key: key-a, models: [alias-a]}
+    - {name: all, key: key-all}
+admin: {keys: [admin-key]}
+providers: {m: {kind: mock}, secret-provider: {kind: mock}}
+models:
+  alias-a: {targets: [{provider: m}]}
+  alias-b: {targets: [{provider: secret-provider, model: secret-model}]}
+"""
+    with run_gateway(yaml) as gw:
+
+        def aliases(key: str) -> list[str]:
+            resp = httpx.get(f"{gw.url}/v1/gateway/status", headers={"x-api-key": key})
+            assert resp.status_code == 200
+            return [a["alias"] for a in resp.json()["aliases"]]
+
+        assert aliases("key-a") == ["alias-a"]
+        a_only = httpx.get(f"{gw.url}/v1/gateway/status", headers={"x-api-key": "key-a"}).text
+        assert "secret-provider" not in a_only and "secret-model" not in a_only
+        assert aliases("key-all") == ["alias-a", "alias-b"]
+        assert aliases("admin-key") == ["alias-a", "alias-b"]
+        assert httpx.get(f"{gw.url}/v1/gateway/status").status_code == 401
+        assert httpx.get(f"{gw.url}/metrics", headers={"x-api-key": "key-all"}).status_code == 401
+        scrape = httpx.get(f"{gw.url}/metrics", headers={"authorization": "Bearer admin-key"})
+        assert scrape.status_code == 200 and "gateway_requests_total" in scrape.text
+        # an admin key is not a client key
+        assert (
+            httpx.post(
+                f"{gw.url}/v1/messages", json={"model": "alias-a", **KW}, headers={"x-api-key": "admin-key"}
+            ).status_code
+            == 401
+        )
+
+
+# --- 11. what the upstream sends is checked ----------------------------------------------------------------------
+
+
+class Sloppy(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        import json as _json
+
+        model = _json.loads(self.rfile.read(int(self.headers["content-length"])))["model"]
+        self.send_response(200)
+        if model == "bad-request-id":
+            self.send_header("request-id", "req <script>alert(1)</script> " + "x" * 300)
+            body = (
+                b'{"id":"m","type":"message","role":"assistant","content":[],"model":"x","stop_reason":"end_turn",'
+                b'"usage":{"input_tokens":1,"output_tokens":1}}'
+            )
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        delta = (
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta",'
+        )
+        body = (
+            START
+            + b'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":'
+            + b'{"type":"text","text":""}}\n\n'
+            + delta
+            + b'"text":"caf\xc3\xa9"}}\n\n'
+            + delta
+            + b'"text":"\xff\xfe"}}\n\n'
+        )
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_an_upstream_request_id_must_be_a_short_token_and_events_must_be_utf8(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: an upstream `request-id` of any content replaced the gateway's and landed in the access log, and
+    invalid UTF-8 inside a `text_delta` passed through."""
+    server = _serve(Sloppy)
+    yaml = f"""
+auth: {{open: true}}
+resilience: {{retry: {{max_attempts: 1}}}}
+providers: {{p: {{kind: anthropic, api_key: k, base_url: "http://127.0.0.1:{server.server_port}"}}}}
+models: {{"*": {{targets: [{{provider: p}}]}}}}
+"""
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    try:
+        with run_gateway(yaml) as gw:
+            resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "bad-request-id", **KW})
+            assert resp.status_code == 200 and resp.headers["request-id"].startswith("req_gw_")
+            assert resp.headers["x-content-type-options"] == "nosniff"
+            stream = httpx.post(f"{gw.url}/v1/messages", json={"model": "bad-utf8", "stream": True, **KW})
+            assert "café" in stream.text  # valid UTF-8 passes
+            last = stream.text.rstrip().split("\n")[-1]
+            assert '"type":"error"' in last and "UTF-8" in last and b"\xff" not in stream.content
+            assert gw.sample("gateway_stream_violations_total", provider="p", rule="utf8") == 1
+            models = httpx.get(f"{gw.url}/v1/models")
+            assert models.headers["x-content-type-options"] == "nosniff"
+    finally:
+        server.shutdown()
+    assert "<script>" not in caplog.text
+
+
+# --- 12. error messages quote internals -----------------------------------------------------------------------------
+
+
+def test_errors_name_the_key_and_line_not_the_value() -> None:
+    """Before: connect failures quoted the upstream host and port, a YAML error quoted its line (a literal
+    secret), and validation errors printed values read from the environment."""
+    with pytest.raises(ConfigError) as yaml_error:
+        parse_settings(
+            'auth: {open: true}\nproviders:\n  a: {kind: anthropic, api_key: "sk-literal-secret}\n',
+            source="g.yaml",
+            environ={},
+        )
+    assert "sk-literal-secret" not in str(yaml_error.value) and str(yaml_error.value).startswith("g.yaml:")
+    with pytest.raises(ConfigError) as enum_error:
+        parse_settings(
+            'auth: {open: true}\nproviders:\n  b: {kind: bedrock, api: "${X}"}\n',
+            source="g.yaml",
+            environ={"X": "sk-from-the-environment"},
+        )
+    assert "sk-from-the-environment" not in str(enum_error.value) and "g.yaml:3" in str(enum_error.value)
+    yaml = """
+auth: {open: true}
+resilience: {retry: {max_attempts: 1}}
+providers: {dead: {kind: anthropic, api_key: k, base_url: "http://127.0.0.1:9", connect_timeout_s: 1}}
+models: {"*": {targets: [{provider: dead}]}}
+"""
+    with run_gateway(yaml) as gw:
+        resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "m", **KW})
+    assert resp.status_code == 502 and "127.0.0.1" not in resp.text and ":9" not in resp.text
