@@ -346,9 +346,143 @@ static PyObject *split_sse(PyObject *module, PyObject *block)
     return Py_BuildValue("(NNn)", events, array, count);
 }
 
+
+/* --- top_level_duplicate: a top-level key given twice ------------------------------------------------------
+ * The request body is checked by msgspec, which keeps the *last* of two equal keys; a provider may keep the
+ * first. So a body with `model` (or `stream`, `max_tokens`) twice could be routed and allowed as one model and
+ * served as another. This walks the top-level object only (nested values are skipped, strings honoured) and
+ * returns the first of `names` seen twice; None when there is none or the body is not a plain JSON object
+ * (msgspec reports those); b"\\" when a top-level key holds an escape (the caller decodes those itself). */
+
+static const char *tl_skip_ws(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+        p++;
+    return p;
+}
+
+/* p at the opening quote: returns the position after the closing quote, or NULL; *escaped set if a `\` occurs */
+static const char *tl_skip_string(const char *p, const char *end, int *escaped)
+{
+    p++;
+    while (p < end) {
+        char c = *p;
+        if (c == '"')
+            return p + 1;
+        if (c == '\\') {
+            *escaped = 1;
+            p += 2;
+            continue;
+        }
+        p++;
+    }
+    return NULL;
+}
+
+/* p at a value: returns the position after it, or NULL (malformed; msgspec will say how) */
+static const char *tl_skip_value(const char *p, const char *end)
+{
+    int escaped = 0;
+    if (p >= end)
+        return NULL;
+    if (*p == '"')
+        return tl_skip_string(p, end, &escaped);
+    if (*p == '{' || *p == '[') {
+        Py_ssize_t depth = 0;
+        while (p < end) {
+            char c = *p;
+            if (c == '"') {
+                p = tl_skip_string(p, end, &escaped);
+                if (p == NULL)
+                    return NULL;
+                continue;
+            }
+            if (c == '{' || c == '[')
+                depth++;
+            else if (c == '}' || c == ']') {
+                depth--;
+                if (depth == 0)
+                    return p + 1;
+            }
+            p++;
+        }
+        return NULL;
+    }
+    while (p < end && *p != ',' && *p != '}' && *p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
+        p++;
+    return p;
+}
+
+#define MAX_NAMES 8
+
+static PyObject *top_level_duplicate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) > MAX_NAMES) {
+        PyErr_SetString(PyExc_TypeError, "top_level_duplicate(body: bytes, names: tuple[bytes, ...]) (at most 8)");
+        return NULL;
+    }
+    PyObject *names = args[1];
+    Py_ssize_t count = PyTuple_GET_SIZE(names);
+    int seen[MAX_NAMES] = {0};
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(names, i))) {
+            PyErr_SetString(PyExc_TypeError, "names must be bytes");
+            return NULL;
+        }
+    }
+    const char *p = PyBytes_AS_STRING(args[0]);
+    const char *end = p + PyBytes_GET_SIZE(args[0]);
+    p = tl_skip_ws(p, end);
+    if (p >= end || *p != '{')
+        Py_RETURN_NONE;
+    p = tl_skip_ws(p + 1, end);
+    if (p < end && *p == '}')
+        Py_RETURN_NONE;
+    while (p < end) {
+        if (*p != '"')
+            Py_RETURN_NONE;
+        int escaped = 0;
+        const char *key = p + 1;
+        const char *after = tl_skip_string(p, end, &escaped);
+        if (after == NULL)
+            Py_RETURN_NONE;
+        if (escaped)
+            return PyBytes_FromStringAndSize("\\", 1);
+        Py_ssize_t length = (after - 1) - key;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *name = PyTuple_GET_ITEM(names, i);
+            if (PyBytes_GET_SIZE(name) == length && memcmp(PyBytes_AS_STRING(name), key, (size_t)length) == 0) {
+                if (seen[i]++) {
+                    Py_INCREF(name);
+                    return name;
+                }
+                break;
+            }
+        }
+        p = tl_skip_ws(after, end);
+        if (p >= end || *p != ':')
+            Py_RETURN_NONE;
+        p = tl_skip_value(tl_skip_ws(p + 1, end), end);
+        if (p == NULL)
+            Py_RETURN_NONE;
+        p = tl_skip_ws(p, end);
+        if (p < end && *p == ',') {
+            p = tl_skip_ws(p + 1, end);
+            continue;
+        }
+        Py_RETURN_NONE; /* the closing brace (or something msgspec will refuse) */
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(top_level_duplicate_doc,
+             "top_level_duplicate(body, names) -> the first of names given twice as a top-level key of the JSON "
+             "object body, b'\\\\' if a top-level key holds an escape, else None.");
+
 static PyMethodDef methods[] = {
     {"scan_views", (PyCFunction)(void (*)(void))scan_views, METH_FASTCALL, scan_views_doc},
     {"split_sse", (PyCFunction)split_sse, METH_O, split_sse_doc},
+    {"top_level_duplicate", (PyCFunction)(void (*)(void))top_level_duplicate, METH_FASTCALL, top_level_duplicate_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,14 +8,23 @@ re-encodes only the top level, with every nested value carried as raw JSON.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any
 
 import msgspec
 
 from gateway.errors import InvalidRequest
 
-__all__ = ["CountTokensHead", "MessagesHead", "ProxyRequest", "parse_count_tokens", "parse_messages"]
+__all__ = [
+    "CountTokensHead",
+    "MessagesHead",
+    "ProxyRequest",
+    "check_duplicates",
+    "duplicate_key_py",
+    "parse_count_tokens",
+    "parse_messages",
+]
 
 
 class _MessageParam(msgspec.Struct):
@@ -55,23 +64,76 @@ def _explain(exc: msgspec.DecodeError) -> str:
 
 _TOO_DEEP = "request body is nested too deeply to decode"
 
+_ONCE = (b"model", b"stream", b"max_tokens")  # routed, authorised and checked on: each may be given once
+_top_level_duplicate: Callable[[bytes, tuple[bytes, ...]], bytes | None] | None
+try:  # gateway/_views_c.c: a walk of the top-level object, nested values skipped
+    from gateway._views_c import top_level_duplicate as _top_level_duplicate
+except ImportError:  # pragma: no cover - no compiler where it was installed
+    _top_level_duplicate = None
+
+
+def duplicate_key_py(body: bytes, names: tuple[bytes, ...] = _ONCE) -> bytes | None:
+    """The first of ``names`` that is a top-level key of ``body`` more than once (the reference; the C walk is
+    tested equal to it), decoding the whole body with the standard library."""
+    top: list[list[tuple[str, Any]]] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        top[:] = [items]  # objects end inner first: the last one is the top level
+        return {}
+
+    try:
+        json.loads(body, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return None  # msgspec reports what is wrong with it
+    if not top:
+        return None
+    seen: set[str] = set()
+    wanted = {name.decode(): name for name in names}
+    for key, _ in top[0]:
+        if key in wanted:
+            if key in seen:
+                return wanted[key]
+            seen.add(key)
+    return None
+
+
+def check_duplicates(body: bytes) -> None:
+    """``InvalidRequest`` when ``model``, ``stream`` or ``max_tokens`` is a top-level key twice: msgspec keeps the
+    last, a provider may keep the first, so the request could be routed and allowed as one model and served as
+    another. In C when gateway._views_c is built; otherwise the standard library decodes the bodies that could
+    hold a duplicate (a name twice anywhere, or an escape)."""
+    if _top_level_duplicate is not None:
+        found = _top_level_duplicate(body, _ONCE)
+        if found == b"\\":  # a top-level key with an escape: decode properly
+            found = duplicate_key_py(body)
+    elif b"\\" in body or any(body.count(b'"%s"' % name) > 1 for name in _ONCE):
+        found = duplicate_key_py(body)
+    else:
+        found = None
+    if found is not None:
+        raise InvalidRequest(f"{found.decode()}: given more than once in the request body")
+
 
 def parse_messages(body: bytes) -> MessagesHead:
     try:
-        return _decode_messages(body)
+        head = _decode_messages(body)
     except msgspec.DecodeError as exc:
         raise InvalidRequest(_explain(exc)) from exc
     except RecursionError:  # msgspec decodes nested arrays and objects recursively, skipped fields included
         raise InvalidRequest(_TOO_DEEP) from None
+    check_duplicates(body)
+    return head
 
 
 def parse_count_tokens(body: bytes) -> CountTokensHead:
     try:
-        return _decode_count(body)
+        head = _decode_count(body)
     except msgspec.DecodeError as exc:
         raise InvalidRequest(_explain(exc)) from exc
     except RecursionError:
         raise InvalidRequest(_TOO_DEEP) from None
+    check_duplicates(body)
+    return head
 
 
 class ProxyRequest:

@@ -679,3 +679,21 @@ models: {"*": {targets: [{provider: dead}]}}
     with run_gateway(yaml) as gw:
         resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "m", **KW})
     assert resp.status_code == 502 and "127.0.0.1" not in resp.text and ":9" not in resp.text
+
+
+# --- 13. duplicate top-level keys --------------------------------------------------------------------------------
+
+
+def test_a_body_with_model_twice_is_refused_before_anything_is_sent(
+    every_provider: RunningGateway, vertex: tuple[FakeVertex, Path]
+) -> None:
+    """Before: checked on one `model` and forwarded with both."""
+    before = len(vertex[0].requests)
+    body = b'{"model":"vtx-haiku-1","max_tokens":5,"messages":[{"role":"user","content":"x"}],"model":"vtx-opus"}'
+    resp = httpx.post(
+        f"{every_provider.url}/v1/messages",
+        content=body,
+        headers={"x-api-key": "haiku-key", "content-type": "application/json"},
+    )
+    assert resp.status_code == 400 and "model: given more than once" in resp.json()["error"]["message"]
+    assert len(vertex[0].requests) == before
