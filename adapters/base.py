@@ -13,10 +13,11 @@ import logging
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Protocol
+from urllib.parse import quote
 
 import msgspec
 
-from gateway.errors import UpstreamStatusError, error_type_for_status
+from gateway.errors import InvalidRequest, UpstreamStatusError, error_type_for_status
 from gateway.events import MALFORMED, Batch, decode_view, decode_views
 from gateway.request import ProxyRequest
 from gateway.sse import FrameTooLarge, SseDecoder, split_block, split_canonical
@@ -35,6 +36,7 @@ __all__ = [
     "raise_for_upstream",
     "read_answer",
     "read_error_body",
+    "url_model",
 ]
 
 
@@ -101,6 +103,26 @@ log = logging.getLogger("gateway")
 
 _FORWARD_EXACT = frozenset({"request-id", "retry-after", "retry-after-ms", "x-should-retry"})
 _FORWARD_PREFIXES = ("anthropic-ratelimit-", "anthropic-priority-")
+
+
+_NOT_IN_A_MODEL_ID = re.compile(r"[/?#%\s\x00-\x1f\x7f]")
+_NOT_IN_AN_ARN = re.compile(r"[?#%\s\x00-\x1f\x7f]")
+
+
+def url_model(model: str, *, arn: bool = False, safe: str = "") -> str:
+    """``model`` as one escaped path segment of an upstream URL, or ``InvalidRequest`` (400) if it could change the
+    URL: a ``/ ? # %``, white space, a control character, or ``.``/``..``. With ``arn`` a Bedrock ARN may hold
+    ``/`` (escaped as ``%2F``), but no dot segment. So the name a key's allow-list matched is exactly the model
+    the provider is asked for, and nothing else can be reached with the gateway's credentials."""
+    if arn and model.startswith("arn:"):
+        bad = _NOT_IN_AN_ARN.search(model) is not None or any(part in (".", "..") for part in model.split("/"))
+    else:
+        bad = _NOT_IN_A_MODEL_ID.search(model) is not None or model in (".", "..") or not model
+    if bad:
+        raise InvalidRequest(
+            f"model {model[:80]!r} is not a valid model id for this provider (no /, ?, #, %, spaces or dot segments)"
+        )
+    return quote(model, safe=safe)
 
 
 def provider_request_id(headers: Mapping[str, str]) -> str:

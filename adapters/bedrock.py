@@ -14,7 +14,6 @@ import base64
 import os
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
 import msgspec
 
@@ -34,7 +33,7 @@ from ._bedrock_stream import (
     raise_for_bedrock,
 )
 from ._converse import ConverseUnsupported, from_converse_response, to_converse
-from .base import JsonReply, checked, read_answer
+from .base import JsonReply, checked, read_answer, url_model
 from .claude import USER_AGENT, aws_region
 
 __all__ = ["BEDROCK_ERRORS", "STREAM_EXCEPTIONS", "BedrockAdapter", "bedrock_error"]
@@ -76,7 +75,7 @@ class BedrockAdapter:
 
     def url(self, model: str, operation: str) -> str:
         """``…/model/{modelId}/{operation}``; ``/`` in ARNs is sent as ``%2F``, ``:`` stays (as the SDKs do)."""
-        return f"{self._base}/model/{quote(model, safe=':')}/{operation}"
+        return f"{self._base}/model/{url_model(model, arn=True, safe=':')}/{operation}"
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
         headers["content-type"] = "application/json"

@@ -19,7 +19,7 @@ from gateway.settings import VertexProvider
 from gateway.upstream import MAX_ERROR_BYTES, BodyTooLarge, HttpClient, Timeouts, UpstreamResponse
 
 from ._google import GoogleCredentialsUnavailable, GoogleTokenSource
-from .base import JsonReply, SseEventStream, checked
+from .base import JsonReply, SseEventStream, checked, url_model
 from .claude import USER_AGENT
 
 __all__ = ["VertexAdapter", "vertex_base_url"]
@@ -77,7 +77,11 @@ class VertexAdapter:
             )
         # every part escaped (``@`` of versioned ids is a legal path character and stays): a name can never add
         # a path segment, a query or a fragment, or pick another method than ``method``
-        project, region, model = quote(project, safe=""), quote(self._config.region, safe=""), quote(model, safe="@")
+        project, region, model = (
+            quote(project, safe=""),
+            quote(self._config.region, safe=""),
+            url_model(model, safe="@"),
+        )
         return f"{self._base}/projects/{project}/locations/{region}/publishers/anthropic/models/{model}:{method}"
 
     async def _post(
@@ -116,6 +120,7 @@ class VertexAdapter:
         return await JsonReply.read(resp, self.name)
 
     async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
+        url_model(model)  # in the body here, but a Vertex model id all the same: the same names are refused
         body = request.body_with(set={"anthropic_version": self._config.anthropic_version, "model": model})
         resp = await self._post("count-tokens", "rawPredict", request, body, stream=False)
         return await JsonReply.read(resp, self.name)

@@ -38,6 +38,7 @@ class Knobs:
 
 def parse_knobs(model: str) -> Knobs:
     name = model.split("/", 1)[-1]  # "anthropic/bench-d200" (LiteLLM) names the same knobs
+    name = name.removeprefix("bedrock-")  # so does "bedrock-bench-d200" (a Bedrock model id holds no "/")
     if not name.startswith("bench"):
         return Knobs()
     values: dict[str, Any] = {}

@@ -81,11 +81,11 @@ SCENARIOS: tuple[Scenario, ...] = (
         warmup_s=(2.5, 1.5), duration_s=(10.0, 4.0),
     ),
     Scenario(
-        "bedrock-burst-c10", "burst", "bedrock/bench-d200", 10,
+        "bedrock-burst-c10", "burst", "bedrock-bench-d200", 10,
         "10 concurrent 200-delta streams from Bedrock (event-stream → SSE, SigV4-signed); direct = the same SSE",
     ),
     Scenario(
-        "bedrock-paced1-c50", "paced", "bedrock/bench-d200-p1", 50,
+        "bedrock-paced1-c50", "paced", "bedrock-bench-d200-p1", 50,
         "Bedrock 200-delta streams, 1 ms between event-stream frames", per="event",
         warmup_s=(1.5, 1.0), duration_s=(8.0, 3.0),
     ),
@@ -255,7 +255,7 @@ def gateway_config(port: int, upstream_port: int) -> str:
         f'  bedrock: {{kind: bedrock, region: us-east-1, base_url: "http://{HOST}:{upstream_port}", '
         "access_key_id: AKIDBENCH, secret_access_key: bench-secret}\n"
         "models:\n"
-        '  "bedrock/*": {targets: [{provider: bedrock}]}\n'
+        '  "bedrock-*": {targets: [{provider: bedrock}]}\n'
         '  "*": {targets: [{provider: up}]}\n'
     )
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from gateway.app import Gateway
+from gateway.errors import InvalidRequest
 from gateway.metrics import Metrics
 from gateway.settings import ConfigError, load_settings, parse_settings
 from gateway.upstream import make_client
@@ -34,7 +35,6 @@ HOSTILE = [
     "vtx-haiku-4-5 x",
     "vtx-haiku-4-5\t",
     "..",
-    "vtx-haiku-" + "x" * 300,
     "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/../x",
 ]
 
@@ -63,7 +63,7 @@ def every_provider(
     yaml = f"""
 auth:
   keys:
-    - {{name: haiku-only, key: haiku-key, models: ["vtx-haiku-*", "brk-haiku-*", "cl-haiku-*", "arn:*"]}}
+    - {{name: haiku-only, key: haiku-key, models: ["vtx-haiku-*", "brk-haiku-*", "cnv-haiku-*", "cl-haiku-*", "arn:*"]}}
 providers:
   vertex: {{kind: vertex, region: us-east5, project: {fake.project}, credentials_file: "{creds}",
            base_url: "{fake.base_url}"}}
@@ -81,7 +81,7 @@ models:
         yield gw
 
 
-@pytest.mark.parametrize("prefix", ["vtx", "brk", "cnv", "cl"])
+@pytest.mark.parametrize("prefix", ["vtx", "brk", "cnv"])  # the adapters that put the model into a URL
 @pytest.mark.parametrize("hostile", HOSTILE)
 @pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
 def test_a_hostile_model_name_never_reaches_a_provider(
@@ -101,9 +101,31 @@ def test_a_hostile_model_name_never_reaches_a_provider(
     before = [len(f.requests) for f in fakes]
     body = {"model": model, **KW} if path == "/v1/messages" else {"model": model, "messages": KW["messages"]}
     resp = httpx.post(f"{every_provider.url}{path}", json=body, headers={"x-api-key": "haiku-key"})
-    assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error", resp.text
-    assert "model" in resp.json()["error"]["message"]
+    if model.startswith(f"{prefix}-haiku-") or model.startswith("arn:"):  # names the key's allow-list admits
+        assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error", resp.text
+        assert "model" in resp.json()["error"]["message"]
+    else:
+        assert resp.status_code in (400, 403, 404), resp.text
     assert [len(f.requests) for f in fakes] == before  # no provider was asked anything
+
+
+def test_a_model_only_in_the_body_reaches_the_provider_exactly_as_allowed(
+    every_provider: RunningGateway, fake_claude: FakeClaudeAPI
+) -> None:
+    """The first-party API takes the model in the body, never the URL: a strange name the key's `cl-haiku-*`
+    allows is sent exactly as it came (the provider refuses or serves that very name, nothing else)."""
+    name = "cl-haiku-4-5/../cl-opus"
+    resp = httpx.post(
+        f"{every_provider.url}/v1/messages", json={"model": name, **KW}, headers={"x-api-key": "haiku-key"}
+    )
+    assert resp.status_code == 200 and fake_claude.requests[-1].json["model"] == name
+    assert fake_claude.requests[-1].path == "/v1/messages"
+    too_long = httpx.post(
+        f"{every_provider.url}/v1/messages",
+        json={"model": "cl-haiku-" + "x" * 300, **KW},
+        headers={"x-api-key": "haiku-key"},
+    )
+    assert too_long.status_code == 400 and "longer than 256" in too_long.json()["error"]["message"]
 
 
 def test_names_a_key_is_allowed_still_work(every_provider: RunningGateway, vertex: tuple[FakeVertex, Path]) -> None:
@@ -139,13 +161,22 @@ def test_adapters_escape_every_url_part_even_past_the_edge() -> None:
         project = "p/../q"
 
     vertex = VertexAdapter("v", VertexProvider(region="us-east5", base_url="http://h/v1"), None, tokens=Tokens())  # type: ignore[arg-type]
-    url = vertex._url("a/../b:countTokens?x#y", "rawPredict")
+    url = vertex._url("claude-x:countTokens@2025", "rawPredict")
     assert (
         url
-        == "http://h/v1/projects/p%2F..%2Fq/locations/us-east5/publishers/anthropic/models/a%2F..%2Fb%3AcountTokens%3Fx%23y:rawPredict"
+        == "http://h/v1/projects/p%2F..%2Fq/locations/us-east5/publishers/anthropic/models/claude-x%3AcountTokens@2025:rawPredict"
     )
     bedrock = BedrockAdapter("b", BedrockProvider(region="us-east-1", base_url="http://h", api_key="k"), None)  # type: ignore[arg-type]
-    assert bedrock.url("a/../b?x#y", "invoke") == "http://h/model/a%2F..%2Fb%3Fx%23y/invoke"
+    assert bedrock.url("arn:aws:bedrock:us-east-1:1:inference-profile/x", "invoke") == (
+        "http://h/model/arn:aws:bedrock:us-east-1:1:inference-profile%2Fx/invoke"
+    )
+    for bad in ("a/../b", "a?x", "a#y", "a%2F", "..", "a b", ""):
+        with pytest.raises(InvalidRequest):
+            vertex._url(bad, "rawPredict")
+        with pytest.raises(InvalidRequest):
+            bedrock.url(bad, "invoke")
+    with pytest.raises(InvalidRequest):
+        bedrock.url("arn:aws:bedrock:us-east-1:1:inference-profile/../x", "invoke")
 
 
 # --- 2. upstream redirects ---------------------------------------------------------------------------------------
