@@ -24,6 +24,7 @@ from gateway.sse import FrameTooLarge, SseDecoder, split_block, split_canonical
 from gateway.upstream import MAX_ANSWER_BYTES, MAX_ERROR_BYTES, BodyTooLarge, StreamInterrupted, UpstreamResponse
 
 __all__ = [
+    "NOT_JSON",
     "Adapter",
     "EventStream",
     "JsonReply",
@@ -55,9 +56,10 @@ class JsonReply:
         self.request_id = request_id or self.headers.get("request-id", "")
 
     @classmethod
-    async def read(cls, resp: UpstreamResponse, provider: str) -> JsonReply:
-        """The JSON answer ``resp`` carries (``read_answer``: capped, and checked to be JSON)."""
-        return cls.of(resp, await read_answer(resp, provider))
+    async def read(cls, resp: UpstreamResponse, provider: str, *, check_json: bool = True) -> JsonReply:
+        """The JSON answer ``resp`` carries (``read_answer``: capped, and checked to be JSON unless the caller
+        decodes it anyway)."""
+        return cls.of(resp, await read_answer(resp, provider, check_json=check_json))
 
     @classmethod
     def of(cls, resp: UpstreamResponse, body: bytes, status: int | None = None) -> JsonReply:
@@ -208,9 +210,10 @@ async def read_error_body(resp: UpstreamResponse, provider: str) -> bytes:
         ) from None
 
 
-async def read_answer(resp: UpstreamResponse, provider: str) -> bytes:
-    """A JSON answer's body, at most ``MAX_ANSWER_BYTES`` decompressed, and JSON: a provider that answers 200
-    with something else (an HTML page, a truncated body) is an upstream error, not a message."""
+async def read_answer(resp: UpstreamResponse, provider: str, *, check_json: bool = True) -> bytes:
+    """A JSON answer's body, at most ``MAX_ANSWER_BYTES`` decompressed, UTF-8, and JSON: a provider that answers
+    200 with something else (an HTML page, a truncated body) is an upstream error, not a message. With
+    ``check_json=False`` the caller decodes the body itself and answers a non-JSON one the same way."""
     try:
         body = await resp.read(MAX_ANSWER_BYTES)
     except BodyTooLarge:
@@ -221,20 +224,23 @@ async def read_answer(resp: UpstreamResponse, provider: str) -> bytes:
             request_id=provider_request_id(resp.headers),
         ) from None
     try:
-        _check_json(body)
+        if check_json:
+            _check_json(body)  # (a message's answer is parsed by the pipeline's usage decode anyway)
         if not body.isascii():
             body.decode("utf-8")  # msgspec skips over strings it does not decode: check them here
     except (msgspec.DecodeError, UnicodeDecodeError):
         raise UpstreamStatusError(
             502,
             "api_error",
-            f"provider {provider!r} answered HTTP {resp.status} with a body that is not JSON (or not UTF-8)",
+            f"provider {provider!r} {NOT_JSON}",
             request_id=provider_request_id(resp.headers),
         ) from None
     return body
 
 
 _check_json = msgspec.json.Decoder(msgspec.Raw).decode  # validates the whole document, builds nothing
+
+NOT_JSON = "answered with a body that is not JSON (or not UTF-8)"
 
 
 def raise_for_redirect(status: int, provider: str, request_id: str = "") -> None:

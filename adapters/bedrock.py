@@ -107,7 +107,7 @@ class BedrockAdapter:
         if self._converse:
             return await self._converse_complete(request, model)
         resp = await self._post(self.url(model, "invoke"), self.invoke_body(request), {"accept": "application/json"})
-        return await JsonReply.read(resp, self.name)
+        return await JsonReply.read(resp, self.name, check_json=False)
 
     async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
         if self._converse:

@@ -107,7 +107,7 @@ class ClaudeAdapter:
 
     async def complete(self, request: ProxyRequest, model: str) -> JsonReply:
         resp = await self._post(self._messages_url, request, self._body(request, model), stream=False)
-        return await JsonReply.read(resp, self.name)
+        return await JsonReply.read(resp, self.name, check_json=False)
 
     async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
         resp = await self._post(self._count_url, request, self._body(request, model), stream=False)

@@ -117,7 +117,7 @@ class VertexAdapter:
 
     async def complete(self, request: ProxyRequest, model: str) -> JsonReply:
         resp = await self._post(model, "rawPredict", request, self._body(request), stream=False)
-        return await JsonReply.read(resp, self.name)
+        return await JsonReply.read(resp, self.name, check_json=False)
 
     async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
         url_model(model)  # in the body here, but a Vertex model id all the same: the same names are refused

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import msgspec
 
-from adapters.base import EventStream, JsonReply
+from adapters.base import NOT_JSON, EventStream, JsonReply
 from gateway.balance import RetryPolicy, TargetHealth, client_retry_headers, hinted_delay
 from gateway.errors import (
     GatewayError,
@@ -451,9 +451,13 @@ async def complete(
         tally.record(Outcome.CLIENT_CANCELLED)
         raise
     try:
-        usage = _decode_usage_only(reply.body).usage
+        usage = _decode_usage_only(reply.body).usage  # (a whole parse: the answer's JSON is checked here)
     except msgspec.DecodeError:
-        usage = None
+        tally.status = 502
+        tally.record(Outcome.UPSTREAM_ERROR)
+        raise UpstreamStatusError(
+            502, "api_error", f"provider {tally.provider!r} {NOT_JSON}", request_id=reply.request_id
+        ) from None
     if usage is not None:
         tally.usage = usage_of(usage)
     tally.status = reply.status

@@ -127,9 +127,11 @@ class _AiohttpResponse:
             self._resp.release()
 
     async def read(self, limit: int | None = None) -> bytes:
+        resp = self._resp
         try:
-            if limit is None:
-                return await self._resp.read()
+            length = resp.content_length
+            if limit is None or (length is not None and length <= limit and "content-encoding" not in resp.headers):
+                return await resp.read()  # its size is known and within the limit: read it in one go
             body = bytearray()
             async for chunk in self._resp.content.iter_any():  # decompressed as it arrives
                 body += chunk
