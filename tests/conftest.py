@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -67,6 +68,27 @@ def run_gateway(
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def access_lines(caplog: pytest.LogCaptureFixture, request_id: str, *, settle_s: float = 0.05) -> list[dict[str, Any]]:
+    """The access lines of the request whose response carried ``request_id`` (the provider's own id, when it sent
+    one, is what the client sees; the line has both), waiting up to 5 s for the first, then ``settle_s`` more for
+    any second one (which would be a bug)."""
+
+    def found() -> list[dict[str, Any]]:
+        return [
+            line
+            for r in caplog.records
+            if r.name == "gateway.access"
+            for line in [json.loads(r.getMessage())]
+            if request_id in (line["request_id"], line["upstream_request_id"])
+        ]
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not found():
+        time.sleep(0.02)
+    time.sleep(settle_s)
+    return found()
 
 
 def sdk_error(

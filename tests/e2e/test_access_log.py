@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import RunningGateway
+from tests.conftest import RunningGateway, access_lines
 from tests.fakes.claude_api import FakeClaudeAPI, final_message
 
 SECRET_PROMPT = "the launch code is 0000"
@@ -19,21 +19,7 @@ KW: dict[str, Any] = {"max_tokens": 64, "messages": [{"role": "user", "content":
 
 
 def lines(caplog: pytest.LogCaptureFixture, request_id: str) -> list[dict[str, Any]]:
-    """The access lines of the request whose response carried ``request_id`` (the provider's own id, when it
-    sent one, is what the client sees; the line has both)."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        found = [
-            line
-            for r in caplog.records
-            if r.name == "gateway.access"
-            for line in [json.loads(r.getMessage())]
-            if request_id in (line["request_id"], line["upstream_request_id"])
-        ]
-        if found:
-            return found
-        time.sleep(0.02)
-    return []
+    return access_lines(caplog, request_id, settle_s=0)
 
 
 def test_one_line_per_streamed_request(

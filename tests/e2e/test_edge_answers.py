@@ -4,44 +4,18 @@ request has an alias, and one error boundary: whatever escapes becomes ``500 api
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import RunningGateway, run_gateway
+from tests.conftest import RunningGateway, access_lines, run_gateway
 from tests.fakes.claude_api import FakeClaudeAPI
 
 KW: dict[str, Any] = {"max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}]}
 AUTH = {"x-api-key": "gw-key-1"}
-
-
-def access_lines(caplog: pytest.LogCaptureFixture, request_id: str, *, want: int = 1) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 5
-    found: list[dict[str, Any]] = []
-    while time.monotonic() < deadline:
-        found = [
-            line
-            for r in caplog.records
-            if r.name == "gateway.access"
-            for line in [json.loads(r.getMessage())]
-            if request_id in (line["request_id"], line["upstream_request_id"])
-        ]
-        if len(found) >= want:
-            time.sleep(0.05)  # and no second line comes after it
-            return [
-                line
-                for r in caplog.records
-                if r.name == "gateway.access"
-                for line in [json.loads(r.getMessage())]
-                if request_id in (line["request_id"], line["upstream_request_id"])
-            ]
-        time.sleep(0.02)
-    return found
 
 
 # --- x-should-retry: false on what retrying cannot fix -------------------------------------------------------

@@ -27,7 +27,6 @@ from hypothesis import strategies as st
 from adapters._bedrock_stream import BedrockEventStream
 from adapters._eventstream import EventStreamDecoder, EventStreamError
 from adapters.base import SseEventStream
-from gateway.balance import TargetHealth
 from gateway.errors import InvalidRequest
 from gateway.events import decode_view
 from gateway.metrics import Metrics
@@ -40,6 +39,7 @@ from gateway.usage import UsageTally
 from gateway.validate import KNOWN_EVENTS
 from tests.edits import apply_edits, byte_edits
 from tests.fakes.bedrock import chunk_frame
+from tests.unit.test_pipeline import _Target
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "claude"
 STREAMS = {name: (FIXTURES / f"{name}.sse").read_bytes() for name in ("fake-text", "fake-tools", "fake-citations")}
@@ -74,18 +74,6 @@ class _Resp:
 
     async def aclose(self) -> None:
         return None
-
-
-class _Named:
-    name = "p"
-
-
-class _Target:
-    adapter = _Named()
-    provider = "p"
-
-    def __init__(self) -> None:
-        self.health = TargetHealth()
 
 
 def cut(data: bytes, cuts: list[int]) -> list[bytes]:
