@@ -306,7 +306,7 @@ def create_app(
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         gateway = Gateway(settings, make_client(upstream_client), metrics, resilience, config_path=config_path)
         if not gateway.keys:
-            log.warning("auth.keys is empty: the gateway accepts requests without a key")
+            log.warning("auth.open: true: the gateway serves requests without a key")
         app.state.gateway = gateway
         watcher = None
         if config_path is not None and watch_interval_s:
