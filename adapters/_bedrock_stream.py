@@ -1,6 +1,6 @@
 """Bedrock's response streams as canonical batches: InvokeModelWithResponseStream (``chunk`` frames carrying
 first-party events) and ConverseStream (through the sans-IO ``ConverseTranscoder``); and Bedrock's errors
-as Anthropic ones (protocols.md §3.5, §6)."""
+as Anthropic ones (docs/wire-formats.md §3.5, §6.2)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ __all__ = [
     "raise_for_bedrock",
 ]
 
-# protocols.md §3.5: Bedrock exception name -> (HTTP status, Anthropic error type) for the client.
+# docs/wire-formats.md §3.5: Bedrock exception name -> (HTTP status, Anthropic error type) for the client.
 BEDROCK_ERRORS: dict[str, tuple[int, str]] = {
     "ValidationException": (400, "invalid_request_error"),
     "ServiceQuotaExceededException": (429, "rate_limit_error"),

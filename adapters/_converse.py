@@ -1,4 +1,4 @@
-"""Bedrock Converse -> Messages, sans-IO (protocols.md §3.6, §6): ``from_converse_response`` turns a Converse
+"""Bedrock Converse -> Messages, sans-IO (docs/wire-formats.md §3.6, §6): ``from_converse_response`` turns a Converse
 response into a ``Message``; ``ConverseTranscoder`` turns ConverseStream events into canonical SSE frames.
 The request side is ``_converse_request.to_converse`` (re-exported here).
 
@@ -144,7 +144,7 @@ def from_converse_response(resp: dict[str, Any], *, model: str, message_id: str)
 
 # --- stream -----------------------------------------------------------------------------------------
 
-# protocols.md §6: exception members of a Bedrock response stream (InvokeModel's and ConverseStream's alike)
+# docs/wire-formats.md §6.2: exception members of a Bedrock response stream (InvokeModel's and ConverseStream's alike)
 # -> the Anthropic error type of the terminal `error` event.
 STREAM_EXCEPTIONS: dict[str, str] = {
     "throttlingException": "rate_limit_error",

@@ -1,4 +1,4 @@
-"""Messages request -> Bedrock Converse request, sans-IO (protocols.md §3.6): ``to_converse``.
+"""Messages request -> Bedrock Converse request, sans-IO (docs/wire-formats.md §3.6): ``to_converse``.
 
 A request feature Converse cannot express raises ``ConverseUnsupported`` naming the field whenever
 dropping it could change the answer: ``tool_choice`` ``none`` and ``disable_parallel_tool_use: true``,

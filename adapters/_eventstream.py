@@ -2,7 +2,7 @@
 
 Each message: ``total_length`` (u32), ``headers_length`` (u32), ``prelude_crc`` (CRC-32 of the first
 8 bytes), headers, payload, ``message_crc`` (CRC-32 of everything before it). Integers big-endian.
-A header is ``u8 name length``, name, ``u8 type``, value (protocols.md §3.4). Both CRCs are checked;
+A header is ``u8 name length``, name, ``u8 type``, value (docs/wire-formats.md §3.4). Both CRCs are checked;
 any damage is an ``EventStreamError`` — the stream cannot be resynchronised after one.
 
 The frame loop (walk the messages of a buffer, check both CRCs and the limits) is ``_scan_py`` below, or

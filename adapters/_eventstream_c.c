@@ -342,7 +342,7 @@ static PyObject *crc32_table_py(PyObject *module, PyObject *const *args, Py_ssiz
 }
 
 /* ``chunk_events``: the event bytes of InvokeModelWithResponseStream chunk payloads, for the one shape
- * Bedrock sends (protocols.md §3): ``{"bytes":"<base64>"}`` or ``{"bytes":"<base64>","p":"<padding>"}``,
+ * Bedrock sends (docs/wire-formats.md §3.4): ``{"bytes":"<base64>"}`` or ``{"bytes":"<base64>","p":"<padding>"}``,
  * byte for byte. Anything else (whitespace, other or reordered members, escapes, base64 that is not
  * canonical, padding with a control, non-ASCII byte, quote or backslash) is left to msgspec: None. */
 static unsigned char b64_values[256]; /* 0..63, or 0xFF: not a base64 digit ('=' included) */

@@ -2,7 +2,7 @@
 (``api: converse``) any model that speaks Converse / ConverseStream.
 
 InvokeModel takes the Messages body minus ``model`` and ``stream``, plus ``anthropic_version`` and the
-``anthropic-beta`` header as a body list (protocols.md §3.3). Its stream is binary AWS event-stream; each
+``anthropic-beta`` header as a body list (docs/wire-formats.md §3.3). Its stream is binary AWS event-stream; each
 ``chunk`` frame carries one first-party event as base64, which is passed on byte for byte — except the
 final ``message_stop``, whose ``amazon-bedrock-invocationMetrics`` is stripped (and compared with the
 stream's own usage). Exception frames become one canonical ``error`` event (§6 mapping table).

@@ -2,7 +2,7 @@
 
 Adapters call ``HttpClient.send`` and get an ``UpstreamResponse`` once the status line and headers
 are in; the body is then read whole (``read``) or as it arrives (``chunks``). The client library is
-the largest per-stream cost of a gateway (performance-notes.md), so it is swappable here and nowhere
+the largest per-stream cost of a gateway (docs/performance-model.md §1), so it is swappable here and nowhere
 else: ``AiohttpClient`` (the default; it yields one chunk per socket read, coalescing events that
 arrive together) and ``HttpxClient`` (httpx's default transport, kept for comparison and for
 environments that prefer it). Foreign exceptions become gateway errors at this boundary.

@@ -1,4 +1,4 @@
-"""The stream validator: a transition table over the canonical event sequence (protocols.md §6).
+"""The stream validator: a transition table over the canonical event sequence (docs/wire-formats.md §6.1).
 
 States are the positions of a Messages stream; the table maps ``(state, event type)`` to the next
 state. A pair missing from the table is a violation — reported, never forwarded. Event types the

@@ -76,8 +76,8 @@ def direct(fake: FakeBedrock) -> anthropic.AnthropicBedrock:
     )
 
 
-# SDK 2.14 defaults Bedrock's body `anthropic_version` to its own API version (protocols.md §7.1), which Bedrock
-# rejects; the direct client is given Bedrock's value, as its users must do.
+# SDK 2.14 defaults Bedrock's body `anthropic_version` to its own API version (docs/wire-formats.md §7.1), which
+# Bedrock rejects; the direct client is given Bedrock's value, as its users must do.
 BEDROCK_BODY = {"extra_body": {"anthropic_version": "bedrock-2023-05-31"}}
 
 
@@ -306,7 +306,7 @@ def test_count_tokens_unsupported_model_is_invalid_request(fake: FakeBedrock, gw
     assert info.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
 
 
-# --- the first-party-shaped AWS surfaces (protocols.md §7) -------------------------------------------------
+# --- the first-party-shaped AWS surfaces (docs/wire-formats.md §7) -----------------------------------------
 
 
 def test_bedrock_messages_endpoint_with_sigv4(fake: FakeBedrock, gw: RunningGateway) -> None:

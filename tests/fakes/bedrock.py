@@ -3,7 +3,7 @@
 :class:`FakeBedrock` serves, on 127.0.0.1 from an aiohttp server in a background thread:
 
 * ``POST /model/{modelId}/invoke`` and ``/invoke-with-response-stream`` (InvokeModel family: Anthropic
-  events as base64 ``chunk`` frames in ``application/vnd.amazon.eventstream``, protocols.md §3),
+  events as base64 ``chunk`` frames in ``application/vnd.amazon.eventstream``, docs/wire-formats.md §3.4),
 * ``POST /model/{modelId}/count-tokens`` (CountTokens),
 * ``POST /model/{modelId}/converse`` and ``/converse-stream`` (replayed from JSON files in ``converse_dir``),
 * ``POST /anthropic/v1/messages`` (the "Bedrock Messages endpoint" / mantle, §7) and ``POST /v1/messages``
@@ -119,7 +119,7 @@ _PAD_ALPHABET = string.ascii_lowercase + string.ascii_uppercase + string.digits
 # Error catalogues
 # ---------------------------------------------------------------------------------------------
 
-#: ``fake-status-<Name>`` -> (HTTP status, exception name, message); protocols.md §3.5.
+#: ``fake-status-<Name>`` -> (HTTP status, exception name, message); docs/wire-formats.md §3.5.
 STATUS_SCENARIOS: dict[str, tuple[int, str, str]] = {
     f"fake-status-{name}": (status, name, message)
     for name, status, message in (

@@ -9,7 +9,7 @@
   routes over TLS). ``fake.ca_file`` is the CA's PEM path; :meth:`FakeFoundry.ssl_context` builds a
   client context trusting it.
 
-**Resource routes** (protocols.md §5): ``POST /anthropic/v1/messages`` and
+**Resource routes** (docs/wire-formats.md §5): ``POST /anthropic/v1/messages`` and
 ``POST /anthropic/v1/messages/count_tokens`` take the first-party body (``model`` = the deployment
 name, which picks a FakeClaudeAPI scenario; unknown names behave like ``fake-text``) and answer
 first-party JSON/SSE (ids unchanged) with ``request-id`` and ``apim-request-id`` headers and no

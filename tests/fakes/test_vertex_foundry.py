@@ -405,7 +405,7 @@ def test_vertex_service_account_credentials(fake: FakeVertex, tmp_path: Path) ->
     assert exchange.jwt_header["kid"] == info["private_key_id"]
     assert exchange.claims is not None
     assert exchange.claims["iss"] == info["client_email"] == exchange.client
-    assert exchange.claims["aud"] == GOOGLE_TOKEN_AUDIENCE  # not token_uri (protocols.md §7.1)
+    assert exchange.claims["aud"] == GOOGLE_TOKEN_AUDIENCE  # not token_uri (docs/wire-formats.md §7.1)
     assert CLOUD_PLATFORM_SCOPE in exchange.claims["scope"].split()
     assert exchange.expires_in == 3600
     assert [r.token for r in fake.requests] == [exchange.access_token] * 2

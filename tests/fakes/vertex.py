@@ -3,7 +3,7 @@
 :class:`FakeVertex` serves, on 127.0.0.1 from an aiohttp server in a background thread:
 
 * ``POST /v1/projects/{project}/locations/{region}/publishers/anthropic/models/{model}:streamRawPredict``
-  and ``…:rawPredict`` (protocols.md §4): an Anthropic body **without** ``model`` and with
+  and ``…:rawPredict`` (docs/wire-formats.md §4.1): an Anthropic body **without** ``model`` and with
   ``"anthropic_version": "vertex-2023-10-16"``; the answer is first-party SSE when the body has
   ``"stream": true`` (whichever specifier was used — the body decides, the specifier is only recorded)
   and a first-party ``Message`` otherwise,
@@ -26,7 +26,7 @@ issued by this fake (through ``/token`` or :meth:`FakeVertex.issue_token`), is n
 ``PERMISSION_DENIED``. The token endpoint verifies the JWT assertion's RS256 signature against the
 public key remembered by ``make_service_account``, ``iss`` (the client email), ``scope`` (must contain
 ``https://www.googleapis.com/auth/cloud-platform``), ``aud`` (``https://oauth2.googleapis.com/token`` —
-what google-auth always sends, protocols.md §7.1 — or ``token_uri``) and ``iat``/``exp``; failures
+what google-auth always sends, docs/wire-formats.md §7.1 — or ``token_uri``) and ``iat``/``exp``; failures
 answer like Google (400 ``invalid_grant`` / ``invalid_scope``, 401 ``invalid_client``).
 Knobs: ``token_lifetime_s`` (google-auth treats a token as expired 3 min 45 s early, so a lifetime
 under 225 s makes every request refresh), ``token_delay_s`` (slow token endpoint).
