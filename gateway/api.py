@@ -55,14 +55,14 @@ def _model_info(route: Route, model_id: str | None = None) -> dict[str, Any]:
 
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
-    gw = _gateway(request)
+    runtime = _gateway(request).runtime
     rid = new_request_id()
     try:
-        _, key = authenticate(gw.keys, request.headers)
+        _, key = authenticate(runtime.keys, request.headers)
     except GatewayError as exc:
         return error_response(exc, rid)
     params = request.query_params
-    data = [_model_info(route) for route in gw.routes.aliases() if may_use(key, route, route.alias)]
+    data = [_model_info(route) for route in runtime.routes.aliases() if may_use(key, route, route.alias)]
     ids = [m["id"] for m in data]
     if params.get("after_id") in ids:
         data = data[ids.index(params["after_id"]) + 1 :]
@@ -86,12 +86,12 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @get("/v1/models/{model_id:path}")
 async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
-    gw = _gateway(request)
+    runtime = _gateway(request).runtime
     rid = new_request_id()
     model_id = model_id.lstrip("/")
     try:
-        _, key = authenticate(gw.keys, request.headers)
-        route = gw.routes.resolve(model_id)
+        _, key = authenticate(runtime.keys, request.headers)
+        route = runtime.routes.resolve(model_id)
         if not may_use(key, route, model_id):  # as if it did not exist: the key cannot list it either
             raise NotFound(f"model {model_id!r} is not served by this gateway (see GET /v1/models)")
     except GatewayError as exc:

@@ -26,6 +26,7 @@ from gateway.usage import Outcome, UsageTally
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
+    from gateway.runtime import Runtime
 
 __all__ = [
     "DRAIN_CANCEL",
@@ -178,7 +179,8 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
     tally = _tally(gw, scope, headers)
     if count:
         tally.timed = False  # a token count is not a message: no latency histograms
-    limit = gw.settings.server.max_inflight
+    runtime = gw.runtime  # taken once: this request's keys, routes and settings, whatever reloads meanwhile
+    limit = runtime.settings.server.max_inflight
     if limit is not None and gw.active >= limit:
         tally.status = 529
         tally.record(Outcome.SHED)
@@ -188,20 +190,23 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
         await send_error(send, overloaded, tally.request_id)
         return
     gw.active += 1
+    runtime.enter()
     reply = _Reply()
     try:
-        await _serve(gw, scope, receive, send, headers, tally, reply, count=count)
+        await _serve(gw, runtime, scope, receive, send, headers, tally, reply, count=count)
     except Exception:
         log.exception("unhandled error on %s %s (request %s)", scope["method"], scope["path"], tally.request_id)
         tally.status = tally.status or 500
         tally.record(Outcome.INTERNAL_ERROR)
         await send_internal_error(send, tally.request_id, reply)
     finally:
+        runtime.leave()
         gw.active -= 1
 
 
 async def _serve(
     gw: Gateway,
+    runtime: Runtime,
     scope: Scope,
     receive: Receive,
     send: Send,
@@ -213,8 +218,8 @@ async def _serve(
 ) -> None:
     rid = tally.request_id
     try:
-        client_auth, key = authenticate(gw.keys, headers)
-        server = gw.settings.server
+        client_auth, key = authenticate(runtime.keys, headers)
+        server = runtime.settings.server
         body = await _read(scope, receive, headers, server.client_timeout_s, server.max_request_bytes)
         if count:
             model, stream, max_tokens = parse_count_tokens(body).model, False, None
@@ -222,7 +227,7 @@ async def _serve(
             head = parse_messages(body)
             model, stream, max_tokens = head.model, bool(head.stream), head.max_tokens
         check_model_name(model)
-        route = gw.routes.resolve(model)
+        route = runtime.routes.resolve(model)
         authorize(key, route, model)
         if max_tokens is not None:
             check_max_tokens(max_tokens, route.max_tokens, model)
@@ -256,11 +261,11 @@ async def _serve(
         try:
             if not stream:
                 answer = await (pipeline.count_tokens if count else pipeline.complete)(
-                    route, request, gw.metrics, tally, gw.resilience
+                    route, request, gw.metrics, tally, runtime.resilience
                 )
                 await _send_answer(send, answer, tally, reply, recorded=not count)
                 return
-            opened = await pipeline.open_stream(route, request, gw.metrics, tally, gw.resilience)
+            opened = await pipeline.open_stream(route, request, gw.metrics, tally, runtime.resilience)
         except GatewayError as exc:
             tally.status = exc.status_code
             tally.upstream_request_id = exc.upstream_request_id
@@ -273,7 +278,7 @@ async def _serve(
         extra = {"request-id": rid, **opened.stream.headers, "x-gateway-provider": tally.provider}
         tally.upstream_request_id = opened.stream.request_id
         ping_s = route.ping_interval_s or server.ping_interval_s
-        deadline = tally.started + gw.resilience.total_s
+        deadline = tally.started + runtime.resilience.total_s
         body_iter = pipeline.stream_body(opened, gw.metrics, tally)
         gw.streams[task] = tally
         try:
