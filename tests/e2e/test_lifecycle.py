@@ -126,7 +126,9 @@ def test_reload_under_load_fails_no_request(tmp_path: Path, serve: object) -> No
         write(config, "m2")  # picked up by the file watcher
         wait_for("m2")
         write(config, "m3", broken=True)  # rejected: the running table stays
-        time.sleep(2.5)
+        deadline = time.monotonic() + 10
+        while "config reload rejected" not in gw.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)  # waiting for the condition: the watcher saw the broken file and said so
         m3_before = seen["m3"]
         assert m3_before == 0
         write(config, "m3")
@@ -148,19 +150,29 @@ def test_sigterm_drains_then_ends_the_rest_with_an_error(tmp_path: Path, serve: 
     gw = serve(config)  # type: ignore[operator]
     results: dict[str, str] = {}
 
+    begun = {alias: threading.Event() for alias in ("slow", "quick")}
+
     def stream(alias: str) -> None:
-        resp = httpx.post(f"{gw.url}/v1/messages", json={"model": alias, "stream": True, **KW}, timeout=30)
-        results[alias] = resp.text
+        body = {"model": alias, "stream": True, **KW}
+        with httpx.stream("POST", f"{gw.url}/v1/messages", json=body, timeout=30) as resp:
+            begun[alias].set()  # the response has started: the stream is in flight
+            results[alias] = resp.read().decode()
 
     threads = [threading.Thread(target=stream, args=(alias,)) for alias in ("slow", "quick")]
     for thread in threads:
         thread.start()
-    time.sleep(0.3)
+    assert all(event.wait(10) for event in begun.values())
     started = time.monotonic()
     gw.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
-    with pytest.raises(httpx.ConnectError):  # no longer accepting
-        httpx.post(f"{gw.url}/v1/messages", json={"model": "quick", **KW}, timeout=2)
+    deadline = time.monotonic() + 5
+    refused = False
+    while not refused and time.monotonic() < deadline:  # no longer accepting, once the server has stopped
+        try:
+            httpx.post(f"{gw.url}/v1/messages", json={"model": "quick", **KW}, timeout=2)
+            time.sleep(0.02)
+        except httpx.ConnectError:
+            refused = True
+    assert refused
     for thread in threads:
         thread.join(20)
     assert event_names(results["quick"])[-1] == "message_stop"  # finished within the drain

@@ -161,7 +161,10 @@ def test_advisory_refresh_happens_in_the_background() -> None:
         # as if these were fetched 48 minutes ago and time has moved on into the advisory window
         source._frozen = ReadOnlyCredentials("AK0", "SK", "T0")
         first = await source.get()  # does not wait for the refresh
-        await asyncio.sleep(0.3)
+        for _ in range(500):  # until the background refresh has happened (at most 5 s)
+            if calls and source._frozen is not None and source._frozen.access_key != "AK0":
+                break
+            await asyncio.sleep(0.01)
         second = await source.get()
         return first.access_key, second.access_key
 

@@ -85,6 +85,7 @@ STREAM = [
 ]
 
 
+@needs_c
 def test_a_whole_stream_cold_and_warm() -> None:
     same(STREAM)
     same(STREAM, b"[" + b",".join(STREAM) + b"]")
@@ -154,6 +155,7 @@ ODD = {
 }
 
 
+@needs_c
 @pytest.mark.parametrize("event", list(ODD.values()), ids=list(ODD))
 def test_odd_events_get_msgspecs_answer(event: bytes) -> None:
     same([STREAM[2], event, STREAM[3]])
@@ -173,6 +175,7 @@ ARRAYS = {
 }
 
 
+@needs_c
 @pytest.mark.parametrize("array", list(ARRAYS.values()), ids=list(ARRAYS))
 def test_odd_arrays_get_msgspecs_answer(array: bytes) -> None:
     same([STREAM[2], STREAM[3]], array)
@@ -186,6 +189,7 @@ _event = st.one_of(
 )
 
 
+@needs_c
 @settings(max_examples=400, deadline=None)
 @given(
     datas=st.lists(_event, max_size=8),
