@@ -143,8 +143,9 @@ class BedrockEventStream:
         chunk_headers = b""  # the header block of this stream's chunk frames, once seen
         start: EventView | None = None  # message_start, and the batch before this one: for the metrics check
         previous: list[EventView] = []
+        chunks = self._resp.chunks()
         try:
-            async for received in self._resp.chunks():
+            async for received in chunks:
                 failure: bytes | None = None
                 try:  # the chunks' payloads directly, as long as their header block is the known one
                     payloads, frames = decoder.feed_payloads(received, chunk_headers)
@@ -207,6 +208,8 @@ class BedrockEventStream:
                 message = f"provider {self._name!r}: connection lost inside an event-stream frame"
                 raise StreamInterrupted(message) from exc
             raise
+        finally:
+            await chunks.aclose()  # the response's own generator ends with this one, not at garbage collection
 
     def _fast_batch(self, payloads: list[bytes], start: EventView | None, previous: list[EventView]) -> Batch | None:
         """The batch of a read of chunk frames only, built in C without an object per event
@@ -334,8 +337,9 @@ class ConverseEventStream:
     async def batches(self) -> AsyncGenerator[Batch]:
         transcoder = ConverseTranscoder(model=self._model, message_id=self._message_id)
         decoder = EventStreamDecoder()
+        chunks = self._resp.chunks()
         try:
-            async for chunk in self._resp.chunks():
+            async for chunk in chunks:
                 out: list[bytes] = []
                 failed = False
                 for message in decoder.feed(chunk):
@@ -366,6 +370,8 @@ class ConverseEventStream:
             yield error_batch("api_error", f"provider {self._name!r}: damaged event stream: {exc}")
         except (msgspec.DecodeError, TypeError, KeyError) as exc:
             yield error_batch("api_error", f"provider {self._name!r}: undecodable Converse event: {exc}")
+        finally:
+            await chunks.aclose()
 
     def at_eof(self) -> bool:
         return self._resp.at_eof()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from contextlib import aclosing
 from typing import Protocol
 from urllib.parse import quote
 
@@ -343,21 +344,22 @@ class SseEventStream:
     async def batches(self) -> AsyncGenerator[Batch]:
         feed = SseDecoder().feed_block
         first = True
-        async for chunk in self._resp.chunks():
-            try:
-                block = feed(chunk)
-            except FrameTooLarge as exc:
-                raise StreamInterrupted(f"the provider's stream broke the limits: {exc}") from None
-            if not block:
-                continue
-            if first:
-                first = False
-                head, block = split_after_first_delta(block)
-                if head:
-                    yield batch_of_block(head)
-                    if not block:
-                        continue
-            yield batch_of_block(block)
+        async with aclosing(self._resp.chunks()) as chunks:  # closed with this generator, not at GC
+            async for chunk in chunks:
+                try:
+                    block = feed(chunk)
+                except FrameTooLarge as exc:
+                    raise StreamInterrupted(f"the provider's stream broke the limits: {exc}") from None
+                if not block:
+                    continue
+                if first:
+                    first = False
+                    head, block = split_after_first_delta(block)
+                    if head:
+                        yield batch_of_block(head)
+                        if not block:
+                            continue
+                yield batch_of_block(block)
 
     def at_eof(self) -> bool:
         return self._resp.at_eof()

@@ -40,17 +40,18 @@ class VertexEventStream(SseEventStream):
     """First-party SSE, minus ``vertex_event`` frames."""
 
     async def batches(self) -> AsyncGenerator[Batch]:
-        async for batch in super().batches():
-            raw = batch.raw
-            if raw is not None and _VERTEX_EVENT not in raw:
-                yield batch
-                continue
-            keep = [i for i, view in enumerate(batch.views) if view.type != "vertex_event"]
-            if len(keep) == len(batch.views):
-                yield batch
-            elif keep:
-                datas = batch.datas
-                yield Batch([batch.views[i] for i in keep], [datas[i] for i in keep])
+        async with contextlib.aclosing(super().batches()) as inner:
+            async for batch in inner:
+                raw = batch.raw
+                if raw is not None and _VERTEX_EVENT not in raw:
+                    yield batch
+                    continue
+                keep = [i for i, view in enumerate(batch.views) if view.type != "vertex_event"]
+                if len(keep) == len(batch.views):
+                    yield batch
+                elif keep:
+                    datas = batch.datas
+                    yield Batch([batch.views[i] for i in keep], [datas[i] for i in keep])
 
 
 class VertexAdapter:

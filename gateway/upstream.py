@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Protocol
 
@@ -75,7 +75,9 @@ class UpstreamResponse(Protocol):
         """Case-insensitive response headers."""
         ...
 
-    def chunks(self) -> AsyncIterator[bytes]: ...
+    def chunks(self) -> AsyncGenerator[bytes]:
+        """The body as it arrives, one item per socket read; close it (``aclose``) when done early."""
+        ...
 
     async def read(self, limit: int | None = None) -> bytes:
         """The whole body, decompressed; ``BodyTooLarge`` as soon as it passes ``limit`` bytes."""
@@ -116,7 +118,7 @@ class _AiohttpResponse:
     def headers(self) -> Mapping[str, str]:
         return self._resp.headers
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes]:
         try:
             async for chunk in self._resp.content.iter_any():
                 yield chunk
@@ -212,7 +214,7 @@ class _HttpxResponse:
     def headers(self) -> Mapping[str, str]:
         return self._resp.headers
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes]:
         try:
             async for chunk in self._resp.aiter_raw():
                 yield chunk
