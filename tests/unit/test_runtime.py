@@ -163,3 +163,57 @@ def test_sighup_reloads_off_the_loop_and_keeps_a_reference(tmp_path: Path) -> No
         return gw.reloads
 
     assert asyncio.run(go()) == 1
+
+
+def test_the_drain_ends_a_stream_still_running_with_an_error(tmp_path: Path) -> None:
+    """SIGTERM's drain, in-process: a stream still running after the drain timeout ends with one `error` event
+    (overloaded_error: retry), its usage recorded as a timeout; a request arriving before it finishes normally."""
+    path = tmp_path / "g.yaml"
+    path.write_text(
+        "auth: {keys: [k]}\n"
+        "providers: {slow: {kind: mock, deltas: 50, event_delay_ms: 20}}\n"
+        "models: {a: {targets: [{provider: slow}]}}\n"
+    )
+    body = json.dumps({"model": "a", "max_tokens": 5, "stream": True, "messages": [{"role": "user", "content": "x"}]})
+
+    async def go() -> tuple[list[dict[str, Any]], Gateway]:
+        gw = await gateway(path)
+        sent: list[dict[str, Any]] = []
+        delivered = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body.encode(), "more_body": False}
+            await asyncio.sleep(3600)  # the client stays
+            return {"type": "http.disconnect"}
+
+        streaming = asyncio.Event()
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+            if message["type"] == "http.response.body":
+                streaming.set()  # the stream is in flight
+
+        request = asyncio.ensure_future(messages_endpoint(gw, scope("k"), receive, send))
+        await asyncio.wait_for(streaming.wait(), 5)
+        assert gw.streams
+        gw.begin_drain(timeout=0.1)
+        await asyncio.wait_for(request, 5)
+        await gw.aclose()
+        return sent, gw
+
+    sent, gw = asyncio.run(go())
+    kinds = [m["type"] for m in sent]
+    assert kinds.count("http.response.start") == 1 and sent[-1]["more_body"] is False
+    assert b'"type":"overloaded_error"' in sent[-1]["body"] and b"message_stop" not in b"".join(
+        m.get("body", b"") for m in sent
+    )
+    assert (
+        gw.metrics.registry.get_sample_value(
+            "gateway_requests_total", {"alias": "a", "provider": "slow", "model": "", "outcome": "timeout"}
+        )
+        == 1
+    )
+    assert not gw.streams
