@@ -17,6 +17,7 @@ from litestar import Litestar
 
 from adapters import Adapter
 from gateway.api import HANDLERS, exception_handlers
+from gateway.context import RequestContext
 from gateway.edge import ClientKey
 from gateway.errors import GatewayError, new_request_id
 from gateway.messages import DRAIN_CANCEL, messages_endpoint, method_not_allowed, send_error
@@ -30,7 +31,7 @@ from gateway.settings import ConfigError, Settings, load_settings
 from gateway.status import STATUS_HANDLERS, BreakerCollector
 from gateway.tracing import request_tracer
 from gateway.upstream import HttpClient, make_client
-from gateway.usage import Outcome, UsageTally, access_line, access_log
+from gateway.usage import Outcome, access_line, access_log
 
 __all__ = ["Gateway", "GatewayApp", "create_app"]
 
@@ -58,7 +59,7 @@ class Gateway:
         self.metrics = metrics
         self.config_path = Path(config_path) if config_path is not None else None
         self._fixed_resilience = resilience
-        self.streams: dict[asyncio.Task[Any], UsageTally] = {}  # in-flight streaming requests, for the drain
+        self.streams: dict[asyncio.Task[Any], RequestContext] = {}  # in-flight streaming requests, for the drain
         self.draining = False
         self.active = 0  # Messages-route requests in this process, for server.max_inflight
         self.reloads = 0
@@ -191,8 +192,8 @@ class Gateway:
         asyncio.get_running_loop().call_later(timeout, self._end_streams)
 
     def _end_streams(self) -> None:
-        for task, tally in list(self.streams.items()):
-            tally.cancel_outcome = Outcome.TIMEOUT  # the drain timeout ran out
+        for task, context in list(self.streams.items()):
+            context.cancel_outcome = Outcome.TIMEOUT  # the drain timeout ran out
             task.cancel(DRAIN_CANCEL)
 
     async def aclose(self) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import JsonReply
 from gateway import pipeline
+from gateway.context import Reply, RequestContext
 from gateway.edge import authenticate, authorize, check_max_tokens, check_model_name, proxy_request, read_body
 from gateway.errors import GatewayError, RequestTooLarge, error_frame, new_request_id
 from gateway.request import parse_count_tokens, parse_messages
@@ -79,18 +80,7 @@ def _encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
     return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
 
 
-class _Reply:
-    """What has gone out to the client so far: tracked, never inferred (a drain's cancel arriving during the
-    last write of a stream must not make a second response head)."""
-
-    __slots__ = ("ended", "started")
-
-    def __init__(self) -> None:
-        self.started = False  # http.response.start sent
-        self.ended = False  # the body's last message (more_body False) sent
-
-
-async def _send_json(send: Send, status: int, body: bytes, headers: Mapping[str, str], reply: _Reply) -> None:
+async def _send_json(send: Send, status: int, body: bytes, headers: Mapping[str, str], reply: Reply) -> None:
     raw = [_JSON_TYPE, _NOSNIFF, (b"content-length", str(len(body)).encode()), *_encode_headers(headers)]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     reply.started = True
@@ -98,15 +88,15 @@ async def _send_json(send: Send, status: int, body: bytes, headers: Mapping[str,
     reply.ended = True
 
 
-async def send_error(send: Send, exc: GatewayError, request_id: str, reply: _Reply | None = None) -> None:
+async def send_error(send: Send, exc: GatewayError, request_id: str, reply: Reply | None = None) -> None:
     """``exc`` in the Anthropic envelope, with its status and ``GatewayError.response_headers``."""
-    await _send_json(send, exc.status_code, exc.render(request_id), exc.response_headers(request_id), reply or _Reply())
+    await _send_json(send, exc.status_code, exc.render(request_id), exc.response_headers(request_id), reply or Reply())
 
 
 _INTERNAL = "internal gateway error"
 
 
-async def send_internal_error(send: Send, request_id: str, reply: _Reply) -> None:
+async def send_internal_error(send: Send, request_id: str, reply: Reply) -> None:
     """The error boundary's answer to an exception nothing else handled: ``500 api_error`` in the envelope
     before the response started; after it, the stream's one ``error`` event and its end."""
     if reply.ended:
@@ -123,13 +113,13 @@ class _ClientGone(Exception):
 
 
 async def method_not_allowed(gw: Gateway, scope: Scope, send: Send, *, allow: str) -> None:
-    tally = _tally(gw, scope, _headers(scope))
+    tally = _tally(gw, gw.runtime, scope, _headers(scope))
     error = GatewayError(f"{scope['method']} is not allowed on {scope['path']}; use {allow}")
     error.status_code, error.error_type = 405, "invalid_request_error"
     error.headers["allow"] = allow
     tally.status = 405
     tally.record(Outcome.REJECTED)
-    await send_error(send, error, tally.request_id)
+    await send_error(send, error, tally.context.request_id)
 
 
 async def _body_chunks(receive: Receive, silence_s: float) -> AsyncIterator[bytes]:
@@ -163,23 +153,28 @@ async def _read(scope: Scope, receive: Receive, headers: Mapping[str, str], sile
     return await read_body(_body_chunks(receive, silence_s), headers.get("content-length"), limit)
 
 
-def _tally(gw: Gateway, scope: Scope, headers: Mapping[str, str]) -> UsageTally:
-    tally = UsageTally(gw.metrics, alias="")
-    tally.request_id = new_request_id()
-    tally.method, tally.path = scope["method"], scope["path"]
-    tally.session_id = headers.get("x-claude-code-session-id", "")
-    tally.agent_id = headers.get("x-claude-code-agent-id", "")
-    return tally
+def _tally(gw: Gateway, runtime: Runtime, scope: Scope, headers: Mapping[str, str]) -> UsageTally:
+    """The request's context (ids, the runtime it is served by) and the tally that records its usage."""
+    context = RequestContext(
+        request_id=new_request_id(),
+        method=scope["method"],
+        path=scope["path"],
+        session_id=headers.get("x-claude-code-session-id", ""),
+        agent_id=headers.get("x-claude-code-agent-id", ""),
+        runtime=runtime,
+    )
+    return UsageTally(gw.metrics, alias="", context=context)
 
 
 async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: Send, *, count: bool = False) -> None:
     """``POST /v1/messages`` (``count=False``) or ``POST /v1/messages/count_tokens``. Sheds the request at once
     when ``server.max_inflight`` are already in flight; everything that escapes is answered ``500 api_error``."""
     headers = _headers(scope)
-    tally = _tally(gw, scope, headers)
+    runtime = gw.runtime  # taken once: this request's keys, routes and settings, whatever reloads meanwhile
+    tally = _tally(gw, runtime, scope, headers)
+    context = tally.context
     if count:
         tally.timed = False  # a token count is not a message: no latency histograms
-    runtime = gw.runtime  # taken once: this request's keys, routes and settings, whatever reloads meanwhile
     limit = runtime.settings.server.max_inflight
     if limit is not None and gw.active >= limit:
         tally.status = 529
@@ -187,18 +182,17 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
         overloaded = Overloaded(
             f"the gateway is at its limit of {limit} requests in flight; retry shortly", headers={"retry-after": "1"}
         )
-        await send_error(send, overloaded, tally.request_id)
+        await send_error(send, overloaded, context.request_id)
         return
     gw.active += 1
     runtime.enter()
-    reply = _Reply()
     try:
-        await _serve(gw, runtime, scope, receive, send, headers, tally, reply, count=count)
+        await _serve(gw, runtime, scope, receive, send, headers, tally, count=count)
     except Exception:
-        log.exception("unhandled error on %s %s (request %s)", scope["method"], scope["path"], tally.request_id)
+        log.exception("unhandled error on %s %s (request %s)", scope["method"], scope["path"], context.request_id)
         tally.status = tally.status or 500
         tally.record(Outcome.INTERNAL_ERROR)
-        await send_internal_error(send, tally.request_id, reply)
+        await send_internal_error(send, context.request_id, context.reply)
     finally:
         runtime.leave()
         gw.active -= 1
@@ -212,13 +206,14 @@ async def _serve(
     send: Send,
     headers: dict[str, str],
     tally: UsageTally,
-    reply: _Reply,
     *,
     count: bool,
 ) -> None:
-    rid = tally.request_id
+    context = tally.context
+    rid, reply = context.request_id, context.reply
     try:
         client_auth, key = authenticate(runtime.keys, headers)
+        context.key = key
         server = runtime.settings.server
         body = await _read(scope, receive, headers, server.client_timeout_s, server.max_request_bytes)
         if count:
@@ -280,16 +275,10 @@ async def _serve(
         ping_s = route.ping_interval_s or server.ping_interval_s
         deadline = tally.started + runtime.resilience.total_s
         body_iter = pipeline.stream_body(opened, gw.metrics, tally)
-        gw.streams[task] = tally
+        gw.streams[task] = context
         try:
             await _stream(
-                send,
-                body_iter,
-                _SSE_HEADERS + _encode_headers(extra),
-                tally,
-                ping_s=ping_s,
-                deadline=deadline,
-                reply=reply,
+                send, body_iter, _SSE_HEADERS + _encode_headers(extra), tally, ping_s=ping_s, deadline=deadline
             )
         finally:
             gw.streams.pop(task, None)
@@ -301,7 +290,7 @@ async def _serve(
         watcher.cancel()
 
 
-async def _send_answer(send: Send, answer: JsonReply, tally: UsageTally, reply: _Reply, *, recorded: bool) -> None:
+async def _send_answer(send: Send, answer: JsonReply, tally: UsageTally, reply: Reply, *, recorded: bool) -> None:
     """A JSON answer (a message, a token count) as the provider gave it. ``recorded``: the pipeline has
     recorded it already (a message's usage); a token count is recorded here, with no usage (what it counts
     was not spent)."""
@@ -310,7 +299,7 @@ async def _send_answer(send: Send, answer: JsonReply, tally: UsageTally, reply: 
         tally.upstream_request_id = answer.request_id
         tally.record(Outcome.COMPLETED)
     tally.first_byte()
-    headers = {"request-id": tally.request_id, **answer.headers, "x-gateway-provider": tally.provider}
+    headers = {"request-id": tally.context.request_id, **answer.headers, "x-gateway-provider": tally.provider}
     await _send_json(send, answer.status, answer.body, headers, reply)
 
 
@@ -366,7 +355,7 @@ class _Keepalive:
             return
         if time.monotonic() >= self.deadline:
             self.timed_out = True
-            self.tally.cancel_outcome = Outcome.TIMEOUT
+            self.tally.context.cancel_outcome = Outcome.TIMEOUT
             self.task.cancel()
             return
         if self.loop.time() - self.last >= self.interval * 0.999 and not self.sending:
@@ -403,12 +392,12 @@ async def _stream(
     *,
     ping_s: float,
     deadline: float,
-    reply: _Reply | None = None,
 ) -> None:
     """Send the SSE body, one ASGI message per chunk, with pings while the provider is silent."""
     task = asyncio.current_task()
     assert task is not None
-    reply = reply or _Reply()
+    context = tally.context
+    reply = context.reply
     keepalive: _Keepalive | None = None
     try:
         # The first chunk is made before the head goes out: from here on the body generator has started,
@@ -418,7 +407,7 @@ async def _stream(
         tally.first_byte()
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         reply.started = True  # (an ASGI send either writes its message or, cancelled, writes nothing)
-        if tally.last_chunk:  # the whole stream came in one read: one write, the body's end included
+        if context.last_chunk:  # the whole stream came in one read: one write, the body's end included
             await body.aclose()  # usage and outcome recorded before the client sees the end
             await send({"type": "http.response.body", "body": first, "more_body": False})
             reply.ended = True
@@ -428,7 +417,7 @@ async def _stream(
             await send({"type": "http.response.body", "body": first, "more_body": True})
         async for chunk in body:
             keepalive.wrote()
-            if tally.last_chunk:
+            if context.last_chunk:
                 break
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         else:

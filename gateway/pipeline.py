@@ -305,6 +305,7 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
     validator = StreamValidator()
     check_all = validator.check_all
     provider = opened.target.provider
+    context = tally.context
     outcome: str | None = None  # set when the stream ends; still None if the client went away first
     batch = opened.first
     try:
@@ -332,7 +333,7 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
                 else:
                     metrics.unknown_events.labels(provider, etype).inc()
             if validator.state >= State.DONE:
-                tally.last_chunk = True  # the client's response can end with this chunk
+                context.last_chunk = True  # the client's response can end with this chunk
                 if outcome is None:
                     outcome = Outcome.COMPLETED if validator.state is State.DONE else Outcome.UPSTREAM_ERROR
             if sent == len(views) and batch.raw is not None:
@@ -365,7 +366,7 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
         health.end()
         if outcome in (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT, Outcome.INVALID_STREAM):
             health.record_failure(opened.clock())
-        tally.record(outcome or tally.cancel_outcome)
+        tally.record(outcome or context.cancel_outcome)
         if validator.state is not State.DONE:
             await _close(opened.batches, opened.stream)
         elif opened.stream.at_eof():  # the provider's body is all here: finishing it waits for nothing

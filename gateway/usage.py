@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from gateway.context import RequestContext
 from gateway.events import EventView, Usage, UsageView
 
 if TYPE_CHECKING:
@@ -123,21 +124,15 @@ class UsageTally:
     __slots__ = (
         "_clock",
         "_metrics",
-        "agent_id",
         "alias",
         "attempts",
-        "cancel_outcome",
+        "context",
         "first_token_at",
         "inflight",
-        "last_chunk",
-        "method",
         "model",
         "model_label",
-        "path",
         "provider",
         "recorded",
-        "request_id",
-        "session_id",
         "started",
         "started_ns",
         "status",
@@ -155,6 +150,7 @@ class UsageTally:
         provider: str = "",
         model: str = "",
         clock: Callable[[], float] = time.monotonic,
+        context: RequestContext | None = None,
     ) -> None:
         self._metrics = metrics
         self._clock = clock
@@ -168,17 +164,11 @@ class UsageTally:
         self.first_token_at: float | None = None
         self.recorded: str | None = None
         self.inflight = False
-        self.request_id = ""
         self.status = 0  # the HTTP status the client got (200 for a stream, even one that ended in `error`)
         self.attempts = 0
         self.upstream_request_id = ""
         self.upstream_wait: float | None = None  # the answering provider's own time to its first event
-        self.cancel_outcome = Outcome.CLIENT_CANCELLED  # what a stream cut short by the gateway records
-        self.last_chunk = False  # the stream's body generator is yielding its final chunk
-        self.method = "POST"
-        self.path = "/v1/messages"
-        self.session_id = ""  # x-claude-code-session-id
-        self.agent_id = ""  # x-claude-code-agent-id
+        self.context = context or RequestContext()  # the request's ids, principal and control state
         self.timed = True  # observe the latency histograms (not for a token count)
 
     def begin(self) -> None:
@@ -238,7 +228,7 @@ class UsageTally:
             "gen_ai.usage.output_tokens": usage.output_tokens or 0,
             "gateway.usage.cache_read_input_tokens": usage.cache_read_input_tokens or 0,
             "gateway.usage.cache_creation_input_tokens": usage.cache_creation_input_tokens or 0,
-            "gateway.request_id": self.request_id,
+            "gateway.request_id": self.context.request_id,
         }
         if ttft is not None:
             attributes["gateway.time_to_first_token_ms"] = round(ttft * 1000, 3)
@@ -248,15 +238,16 @@ class UsageTally:
         span.end()
 
     def _access_line(self, outcome: str, ttft: float | None, duration: float) -> str:
+        context = self.context
         return access_line(
-            request_id=self.request_id,
-            method=self.method,
-            path=self.path,
+            request_id=context.request_id,
+            method=context.method,
+            path=context.path,
             status=self.status,
             outcome=outcome,
             duration=duration,
-            session_id=self.session_id,
-            agent_id=self.agent_id,
+            session_id=context.session_id,
+            agent_id=context.agent_id,
             upstream_request_id=self.upstream_request_id,
             alias=self.alias,
             provider=self.provider,

@@ -1,0 +1,64 @@
+"""One request as the edge serves it, apart from its usage.
+
+``UsageTally`` is the usage fold's state and its recording; a ``RequestContext`` is the rest: which config
+serves the request (``runtime``), who sent it (``key``: the principal), its ids, what has gone out to the
+client (``reply``), and how the gateway is ending it (``cancel_outcome``, ``last_chunk``). The tally refers to
+its request's context for the access line; the ledger's attribution and the limiter's admission belong here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.edge import ClientKey
+    from gateway.runtime import Runtime
+
+__all__ = ["Reply", "RequestContext"]
+
+
+class Reply:
+    """What has gone out to the client so far: tracked, never inferred (a drain's cancel arriving during the
+    last write of a stream must not make a second response head)."""
+
+    __slots__ = ("ended", "started")
+
+    def __init__(self) -> None:
+        self.started = False  # http.response.start sent
+        self.ended = False  # the body's last message (more_body False) sent
+
+
+class RequestContext:
+    __slots__ = (
+        "agent_id",
+        "cancel_outcome",
+        "key",
+        "last_chunk",
+        "method",
+        "path",
+        "reply",
+        "request_id",
+        "runtime",
+        "session_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        request_id: str = "",
+        method: str = "POST",
+        path: str = "/v1/messages",
+        session_id: str = "",
+        agent_id: str = "",
+        runtime: Runtime | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.method = method
+        self.path = path
+        self.session_id = session_id  # x-claude-code-session-id
+        self.agent_id = agent_id  # x-claude-code-agent-id
+        self.runtime = runtime  # the config this request is served by (None outside the edge)
+        self.key: ClientKey | None = None  # the principal, once authenticated (None: an open gateway)
+        self.reply = Reply()
+        self.cancel_outcome = "client_cancelled"  # what a stream cut short by the gateway records
+        self.last_chunk = False  # the stream's body generator is yielding its final chunk
