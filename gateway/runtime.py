@@ -84,7 +84,11 @@ class Runtime:
 
     def _close_soon(self) -> None:
         if self._closing is None:
-            self._closing = asyncio.get_running_loop().create_task(self.aclose())
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # retired outside the event loop: it is closed at shutdown instead
+                return
+            self._closing = loop.create_task(self.aclose())
 
     async def aclose(self) -> None:
         for name, adapter in self.adapters.items():
@@ -96,7 +100,9 @@ class Runtime:
             self._on_closed(self)
 
     async def closed(self) -> None:
-        """Wait for the close a retirement started (tests, shutdown)."""
+        """Wait for the close a retirement started (tests, shutdown); close now if none could start."""
+        if self._closing is None and self.retired and self.active == 0:
+            self._close_soon()
         if self._closing is not None:
             await self._closing
 

@@ -217,3 +217,17 @@ def test_the_drain_ends_a_stream_still_running_with_an_error(tmp_path: Path) -> 
         == 1
     )
     assert not gw.streams
+
+
+def test_a_reload_outside_the_event_loop_closes_the_old_runtime_at_shutdown(tmp_path: Path) -> None:
+    path = tmp_path / "g.yaml"
+    config(path, "k", "p")
+    gw = asyncio.run(gateway(path))
+    first = gw.runtime
+    first.adapters["p"] = Closing("outside")  # type: ignore[assignment]
+    Closing.closed = []
+    config(path, "k2", "p")
+    assert gw.reload() is True  # no running loop here: the old runtime cannot schedule its close
+    assert Closing.closed == []
+    asyncio.run(gw.aclose())
+    assert Closing.closed == ["outside"]
