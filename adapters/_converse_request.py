@@ -328,6 +328,29 @@ def to_converse(body: dict[str, Any], *, betas: list[str] | None = None) -> dict
     for key in body:
         if key not in _TOP_LEVEL and body[key] is not None:
             raise _no(key)
+    out: dict[str, Any] = {"messages": _messages(body)}
+    if body.get("system"):
+        out["system"] = _system(body["system"])
+    inference = _inference(body, out)
+    if inference:
+        out["inferenceConfig"] = inference
+    tool_config = _tools(body.get("tools"), body.get("tool_choice"))
+    if tool_config is not None:
+        out["toolConfig"] = tool_config
+    extra = _additional_fields(body, betas)
+    if extra:
+        out["additionalModelRequestFields"] = extra
+    if body.get("output_config") is not None:
+        out["outputConfig"] = _output_config(body["output_config"])
+    metadata = _request_metadata(body.get("metadata"))
+    if metadata is not None:
+        out["requestMetadata"] = metadata
+    return out
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The turns: consecutive messages of one role are one turn; ``cache_control`` at the top level (automatic
+    caching) puts a cache point after the last block."""
     request = _Request()
     messages: list[dict[str, Any]] = []
     for i, message in enumerate(body.get("messages") or []):
@@ -347,9 +370,11 @@ def to_converse(body: dict[str, Any], *, betas: list[str] | None = None) -> dict
         last = messages[-1]["content"]
         if not last or "cachePoint" not in last[-1]:
             last.append(point)
-    out: dict[str, Any] = {"messages": messages}
-    if body.get("system"):
-        out["system"] = _system(body["system"])
+    return messages
+
+
+def _inference(body: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """``inferenceConfig``; stop sequences also ask for the field that says which one matched (in ``out``)."""
     inference: dict[str, Any] = {}
     for key, name in (("max_tokens", "maxTokens"), ("temperature", "temperature"), ("top_p", "topP")):
         if body.get(key) is not None:
@@ -357,11 +382,11 @@ def to_converse(body: dict[str, Any], *, betas: list[str] | None = None) -> dict
     if body.get("stop_sequences"):
         inference["stopSequences"] = list(body["stop_sequences"])
         out["additionalModelResponseFieldPaths"] = list(_STOP_SEQUENCE_PATHS)
-    if inference:
-        out["inferenceConfig"] = inference
-    tool_config = _tools(body.get("tools"), body.get("tool_choice"))
-    if tool_config is not None:
-        out["toolConfig"] = tool_config
+    return inference
+
+
+def _additional_fields(body: dict[str, Any], betas: list[str] | None) -> dict[str, Any]:
+    """What Converse has no field for, passed to the model as it is: ``top_k``, ``thinking``, the betas."""
     extra: dict[str, Any] = {}
     if body.get("top_k") is not None:
         extra["top_k"] = body["top_k"]
@@ -369,16 +394,17 @@ def to_converse(body: dict[str, Any], *, betas: list[str] | None = None) -> dict
         extra["thinking"] = body["thinking"]
     if betas:
         extra["anthropic_beta"] = list(betas)
-    if extra:
-        out["additionalModelRequestFields"] = extra
-    if body.get("output_config") is not None:
-        out["outputConfig"] = _output_config(body["output_config"])
-    metadata = body.get("metadata")
-    if metadata is not None:
-        if not isinstance(metadata, dict):
-            raise _no("metadata", "a metadata that is not an object")
-        _only(metadata, frozenset({"user_id"}), "metadata")
-        user = metadata.get("user_id")
-        if isinstance(user, str) and _METADATA_VALUE.fullmatch(user):
-            out["requestMetadata"] = {"user_id": user}
-    return out
+    return extra
+
+
+def _request_metadata(metadata: Any) -> dict[str, str] | None:
+    """``requestMetadata`` from ``metadata.user_id`` when it is a value Converse accepts; None otherwise."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise _no("metadata", "a metadata that is not an object")
+    _only(metadata, frozenset({"user_id"}), "metadata")
+    user = metadata.get("user_id")
+    if isinstance(user, str) and _METADATA_VALUE.fullmatch(user):
+        return {"user_id": user}
+    return None
