@@ -51,9 +51,7 @@ __all__ = [
     "RetryPolicy",
     "Strategy",
     "TargetHealth",
-    "client_retry_headers",
     "hinted_delay",
-    "min_cooldown",
     "panic_order",
     "plan",
 ]
@@ -255,11 +253,6 @@ class TargetHealth:
 # -- strategies ---------------------------------------------------------------------------------
 
 
-def min_cooldown(healths: Sequence[TargetHealth], now: float) -> float | None:
-    """Shortest remaining cooldown (0 for a half-open target busy with its probe); None if no targets."""
-    return min((h.cooldown_remaining(now) for h in healths), default=None)
-
-
 def panic_order(healths: Sequence[TargetHealth], now: float) -> list[int]:
     """Every target, the one that becomes available soonest first (config order among equals): the order of a
     request for which ``plan`` found none available (the panic rule)."""
@@ -336,9 +329,6 @@ class Balancer:
     def plan(self, now: float) -> list[int]:
         rr = next(self._rr) if self.strategy == "round_robin" else 0
         return plan(self.strategy, self.healths, self.weights, now=now, rng=self.rng, rr=rr, explore=self.explore)
-
-    def min_cooldown(self, now: float) -> float | None:
-        return min_cooldown(self.healths, now)
 
     def panic_order(self, now: float) -> list[int]:
         return panic_order(self.healths, now)
@@ -434,17 +424,3 @@ class RetryPolicy:
             return hint if hint <= _MAX_HINT_S else None
         backoff = min(self.base_delay_s * 2.0 ** min(attempt - 1, 64), self.max_delay_s)
         return backoff * (1 - self.jitter * rng.random())
-
-
-def client_retry_headers(*, exhausted: bool, cooldown_s: float | None) -> dict[str, str]:
-    """Hints for the client when the gateway gives up.
-
-    ``cooldown_s`` (every target cools down): ``retry-after`` in whole seconds, at least 1; it wins
-    over ``exhausted``, since ``x-should-retry: false`` would make clients ignore it. Otherwise
-    ``exhausted`` (the gateway already spent its attempts): ``x-should-retry: false``.
-    """
-    if cooldown_s is not None:
-        return {"retry-after": str(max(1, math.ceil(cooldown_s)))}
-    if exhausted:
-        return {"x-should-retry": "false"}
-    return {}

@@ -17,7 +17,7 @@ from typing import TypeVar
 import msgspec
 
 from adapters.base import NOT_JSON, EventStream, JsonReply
-from gateway.balance import RetryPolicy, TargetHealth, client_retry_headers, hinted_delay
+from gateway.balance import RetryPolicy, TargetHealth, hinted_delay
 from gateway.errors import (
     GatewayError,
     UpstreamConnectionError,
@@ -178,7 +178,7 @@ async def _attempts(
     if last is None:  # every planned target lost its probe slot to another request meanwhile: go anyway
         return await _attempts(route, request, metrics, tally, res, attempt, hold=hold, panic=True)
     if tried > 1:
-        last.headers.update(client_retry_headers(exhausted=True, cooldown_s=None))
+        last.headers["x-should-retry"] = "false"  # the gateway spent its attempts: the SDK should not multiply them
     raise last
 
 

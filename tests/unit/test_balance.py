@@ -14,9 +14,6 @@ from gateway.balance import (
     Balancer,
     RetryPolicy,
     TargetHealth,
-    client_retry_headers,
-    min_cooldown,
-    panic_order,
     plan,
 )
 
@@ -302,13 +299,11 @@ def test_a_half_open_target_is_planned_until_its_probe_is_taken() -> None:
     assert plan("fallback", hs, now=30.0, rng=random.Random(0)) == [1]
 
 
-def test_all_cooling_gives_an_empty_plan_and_the_min_cooldown() -> None:
+def test_all_cooling_gives_an_empty_plan_and_the_panic_order() -> None:
     hs = [tripped(now=0.0), tripped(now=10.0), tripped(now=5.0)]
     for strategy in ("fallback", "weighted", "round_robin", "least_latency"):
         assert Balancer(strategy, hs, rng=random.Random(0)).plan(12.0) == []
-    assert min_cooldown(hs, 12.0) == pytest.approx(18.0)
-    assert Balancer("fallback", hs).min_cooldown(12.0) == pytest.approx(18.0)
-    assert min_cooldown([], 0.0) is None
+    assert Balancer("fallback", hs).panic_order(12.0) == [0, 2, 1]  # free at 30, 35, 40
 
 
 def test_balancer_snapshot() -> None:
@@ -437,89 +432,3 @@ def test_retry_policy_rejects_nonsense() -> None:
         RetryPolicy(max_attempts=0)
     with pytest.raises(ValueError):
         RetryPolicy(jitter=1.5)
-
-
-# -- client hints ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("exhausted", "cooldown_s", "expected"),
-    [
-        (True, None, {"x-should-retry": "false"}),
-        (False, None, {}),
-        (False, 12.2, {"retry-after": "13"}),
-        (False, 12.0, {"retry-after": "12"}),
-        (False, 0.0, {"retry-after": "1"}),  # a busy half-open probe: at least one second
-        (True, 4.5, {"retry-after": "5"}),  # cooldown wins: x-should-retry false would hide it
-    ],
-)
-def test_client_retry_headers(exhausted: bool, cooldown_s: float | None, expected: dict[str, str]) -> None:
-    assert client_retry_headers(exhausted=exhausted, cooldown_s=cooldown_s) == expected
-
-
-# --- one retry table, the probe slot given back, 429 throttling, the panic order ----------------------------
-
-
-@pytest.mark.parametrize("status", [400, 401, 403, 404, 408, 409, 413, 422, 429, 500, 501, 502, 503, 504, 529])
-def test_one_table_decides_retries_and_failures(status: int) -> None:
-    """What the retry policy retries is exactly what counts as the provider's (retryable) failure."""
-    from gateway.errors import UpstreamStatusError
-
-    error = UpstreamStatusError(status, "x", "m")
-    assert RetryPolicy().retryable_status(status) is error.retryable
-
-
-@pytest.mark.parametrize("ending", ["non_retryable_error", "cancelled"])
-def test_a_probe_that_ends_without_a_verdict_gives_its_slot_back(ending: str) -> None:
-    """Reproduced before: trip, the probe at t=31 gets a 400 (or its client leaves), and requests at t=32
-    and t=90 were both refused until the 60 s probe timeout ran out."""
-    h = tripped(0.0, cooldown_s=30.0)
-    lease = h.acquire(31.0)
-    assert lease == "probe" and not h.allow(31.5)
-    h.release(lease)  # what the pipeline does in `finally`, whichever way the attempt ended
-    assert h.state(32.0) == "half_open" and h.acquire(32.0) == "probe"
-
-
-def test_releasing_after_a_verdict_changes_nothing() -> None:
-    h = tripped(0.0, cooldown_s=30.0)
-    lease = h.acquire(31.0)
-    h.record_success(31.0)
-    h.release(lease)
-    assert h.state(31.0) == "closed"
-    h2 = tripped(0.0, cooldown_s=30.0)
-    lease = h2.acquire(31.0)
-    h2.record_failure(31.0)
-    h2.release(lease)
-    assert h2.state(31.0) == "open" and h2.cooldown_remaining(31.0) == pytest.approx(30.0)
-    assert h.acquire(40.0) == "normal"
-
-
-def test_force_lets_a_request_through_whatever_the_state() -> None:
-    h = tripped(0.0, cooldown_s=30.0)
-    assert h.acquire(1.0) is None and h.acquire(1.0, force=True) == "panic"
-    assert h.state(1.0) == "open"  # a panic request takes no probe slot and changes no state by itself
-
-
-def test_a_429_throttles_without_counting_as_a_failure() -> None:
-    h = health(failure_threshold=1)
-    h.throttle(0.0, 7.0)
-    assert (h.failures, h.state(0.0)) == (0, "closed")
-    assert not h.available(6.9) and h.throttle_remaining(3.0) == pytest.approx(4.0)
-    assert h.available(7.0)
-    h.throttle(10.0, 3600.0)  # capped
-    assert h.throttle_remaining(10.0) == pytest.approx(60.0)
-    h.throttle(100.0, None)  # no retry-after: a second
-    assert not h.available(100.5) and h.available(101.0)
-    h.throttle(200.0, 30.0)
-    h.record_success(201.0)  # the provider served again: no longer throttled
-    assert h.available(201.0)
-
-
-def test_panic_order_puts_the_target_free_soonest_first() -> None:
-    hs = [health(failure_threshold=1, cooldown_s=30.0) for _ in range(3)]
-    hs[0].record_failure(10.0)  # free at 40
-    hs[1].record_failure(0.0)  # free at 30
-    hs[2].throttle(5.0, 20.0)  # free at 25
-    assert plan("fallback", hs, now=12.0, rng=random.Random(0)) == []
-    assert panic_order(hs, 12.0) == [2, 1, 0]
-    assert Balancer("round_robin", hs).panic_order(12.0) == [2, 1, 0]
