@@ -14,6 +14,7 @@ from gateway.balance import (
     Balancer,
     RetryPolicy,
     TargetHealth,
+    panic_order,
     plan,
 )
 
@@ -432,3 +433,71 @@ def test_retry_policy_rejects_nonsense() -> None:
         RetryPolicy(max_attempts=0)
     with pytest.raises(ValueError):
         RetryPolicy(jitter=1.5)
+
+
+# --- one retry table, the probe slot given back, 429 throttling, the panic order ----------------------------
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 408, 409, 413, 422, 429, 500, 501, 502, 503, 504, 529])
+def test_one_table_decides_retries_and_failures(status: int) -> None:
+    """What the retry policy retries is exactly what counts as the provider's (retryable) failure."""
+    from gateway.errors import UpstreamStatusError
+
+    error = UpstreamStatusError(status, "x", "m")
+    assert RetryPolicy().retryable_status(status) is error.retryable
+
+
+@pytest.mark.parametrize("ending", ["non_retryable_error", "cancelled"])
+def test_a_probe_that_ends_without_a_verdict_gives_its_slot_back(ending: str) -> None:
+    """Reproduced before: trip, the probe at t=31 gets a 400 (or its client leaves), and requests at t=32
+    and t=90 were both refused until the 60 s probe timeout ran out."""
+    h = tripped(0.0, cooldown_s=30.0)
+    lease = h.acquire(31.0)
+    assert lease == "probe" and not h.allow(31.5)
+    h.release(lease)  # what the pipeline does in `finally`, whichever way the attempt ended
+    assert h.state(32.0) == "half_open" and h.acquire(32.0) == "probe"
+
+
+def test_releasing_after_a_verdict_changes_nothing() -> None:
+    h = tripped(0.0, cooldown_s=30.0)
+    lease = h.acquire(31.0)
+    h.record_success(31.0)
+    h.release(lease)
+    assert h.state(31.0) == "closed"
+    h2 = tripped(0.0, cooldown_s=30.0)
+    lease = h2.acquire(31.0)
+    h2.record_failure(31.0)
+    h2.release(lease)
+    assert h2.state(31.0) == "open" and h2.cooldown_remaining(31.0) == pytest.approx(30.0)
+    assert h.acquire(40.0) == "normal"
+
+
+def test_force_lets_a_request_through_whatever_the_state() -> None:
+    h = tripped(0.0, cooldown_s=30.0)
+    assert h.acquire(1.0) is None and h.acquire(1.0, force=True) == "panic"
+    assert h.state(1.0) == "open"  # a panic request takes no probe slot and changes no state by itself
+
+
+def test_a_429_throttles_without_counting_as_a_failure() -> None:
+    h = health(failure_threshold=1)
+    h.throttle(0.0, 7.0)
+    assert (h.failures, h.state(0.0)) == (0, "closed")
+    assert not h.available(6.9) and h.throttle_remaining(3.0) == pytest.approx(4.0)
+    assert h.available(7.0)
+    h.throttle(10.0, 3600.0)  # capped
+    assert h.throttle_remaining(10.0) == pytest.approx(60.0)
+    h.throttle(100.0, None)  # no retry-after: a second
+    assert not h.available(100.5) and h.available(101.0)
+    h.throttle(200.0, 30.0)
+    h.record_success(201.0)  # the provider served again: no longer throttled
+    assert h.available(201.0)
+
+
+def test_panic_order_puts_the_target_free_soonest_first() -> None:
+    hs = [health(failure_threshold=1, cooldown_s=30.0) for _ in range(3)]
+    hs[0].record_failure(10.0)  # free at 40
+    hs[1].record_failure(0.0)  # free at 30
+    hs[2].throttle(5.0, 20.0)  # free at 25
+    assert plan("fallback", hs, now=12.0, rng=random.Random(0)) == []
+    assert panic_order(hs, 12.0) == [2, 1, 0]
+    assert Balancer("round_robin", hs).panic_order(12.0) == [2, 1, 0]
