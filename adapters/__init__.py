@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.metrics import Metrics
+from collections.abc import Callable
+from functools import partial
+
 from gateway.settings import (
     AnthropicProvider,
     BedrockMantleProvider,
@@ -16,7 +18,7 @@ from gateway.settings import (
 from gateway.upstream import HttpClient
 
 from .base import Adapter
-from .bedrock import BedrockAdapter
+from .bedrock import BedrockAdapter, BedrockConverseAdapter
 from .claude import ClaudeAdapter, claude_aws_adapter, foundry_adapter, mantle_adapter
 from .mock import MockAdapter
 from .vertex import VertexAdapter
@@ -24,14 +26,20 @@ from .vertex import VertexAdapter
 __all__ = ["Adapter", "build_adapter"]
 
 
-def build_adapter(name: str, config: ProviderConfig, client: HttpClient, metrics: Metrics | None = None) -> Adapter:
+def build_adapter(
+    name: str, config: ProviderConfig, client: HttpClient, on_usage_mismatch: Callable[[str], None] | None = None
+) -> Adapter:
+    """``on_usage_mismatch(provider)``: called when a Bedrock stream's own usage and its invocation metrics
+    disagree (the metrics layer counts it; adapters know nothing of metrics)."""
+    mismatch = partial(on_usage_mismatch, name) if on_usage_mismatch is not None else None
     match config:
         case AnthropicProvider():
             return ClaudeAdapter.from_config(name, config, client)
         case MockProvider():
             return MockAdapter(name, config)
+        case BedrockProvider(api="converse"):
+            return BedrockConverseAdapter(name, config, client, on_usage_mismatch=mismatch)
         case BedrockProvider():
-            mismatch = metrics.usage_mismatch.labels(name).inc if metrics is not None else None
             return BedrockAdapter(name, config, client, on_usage_mismatch=mismatch)
         case BedrockMantleProvider():
             return mantle_adapter(name, config, client)

@@ -1,36 +1,32 @@
-"""``kind: anthropic`` — the Claude API itself (or anything that speaks it at ``base_url``) — and the AWS
-surfaces that speak the same first-party API: Claude Platform on AWS (``kind: claude_aws``) and the Bedrock
-Messages endpoint (``kind: bedrock_mantle``). They differ only in base URL, auth and one extra header."""
+"""``kind: anthropic`` — the Claude API itself (or anything that speaks it at ``base_url``) — and the surfaces
+that speak the same first-party API: Claude Platform on AWS (``kind: claude_aws``), the Bedrock Messages
+endpoint (``kind: bedrock_mantle``) and Microsoft Foundry (``kind: foundry``). They differ only in base URL,
+authentication (an ``Auth``) and one extra header; the request is prepared the same way for all of them."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 
 from gateway.request import ProxyRequest
 from gateway.settings import AnthropicProvider, BedrockMantleProvider, ClaudeAwsProvider, FoundryProvider
-from gateway.upstream import HttpClient, Timeouts, UpstreamResponse
+from gateway.upstream import HttpClient, Timeouts
 
-from ._aws import CredentialSource, SigV4Signer, sigv4_headers
-from .base import JsonReply, SseEventStream, checked
+from ._aws import aws_auth, aws_region, bedrock_api_key
+from ._http import USER_AGENT, Auth, BearerAuth, ClientKeyAuth, HeaderAuth, HttpAdapter, Operation, Prepared
 
 __all__ = [
     "DEFAULT_VERSION",
+    "USER_AGENT",
     "ClaudeAdapter",
-    "aws_region",
     "claude_aws_adapter",
     "foundry_adapter",
     "mantle_adapter",
 ]
 
 DEFAULT_VERSION = "2023-06-01"
-USER_AGENT = "messages-gateway/0.1"
-
-Sign = Callable[[str, str, Mapping[str, str], bytes], Awaitable[dict[str, str]]]
-"""``(method, url, headers, body) -> headers to send``: request signing (SigV4) for providers that need it."""
 
 
-class ClaudeAdapter:
+class ClaudeAdapter(HttpAdapter):
     kind = "anthropic"
 
     def __init__(
@@ -40,39 +36,35 @@ class ClaudeAdapter:
         *,
         base_url: str,
         timeouts: Timeouts,
-        key_headers: Mapping[str, str] | None = None,
-        forward_client_key: bool = False,
+        auth: Auth | None = None,
         extra_headers: Mapping[str, str] | None = None,
-        sign: Sign | None = None,
         kind: str = "anthropic",
-        on_close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        self.name = name
+        super().__init__(name, client, timeouts=timeouts, auth=auth)
         self.kind = kind
-        self._client = client
         base = base_url.rstrip("/")
         self._messages_url = base + "/v1/messages"
         self._count_url = base + "/v1/messages/count_tokens"
-        self._timeouts = timeouts
-        self._key_headers = dict(key_headers or {})
-        self._forward_client_key = forward_client_key
         self._extra_headers = dict(extra_headers or {})
-        self._sign = sign
-        self._on_close = on_close
 
     @classmethod
     def from_config(cls, name: str, config: AnthropicProvider, client: HttpClient) -> ClaudeAdapter:
+        auth: Auth | None = None
+        if config.forward_client_key:
+            auth = ClientKeyAuth()
+        elif config.api_key:
+            auth = HeaderAuth({"x-api-key": config.api_key})
         return cls(
             name,
             client,
             base_url=config.base_url,
             timeouts=Timeouts(config.connect_timeout_s, config.read_timeout_s),
-            key_headers={"x-api-key": config.api_key} if config.api_key else None,
-            forward_client_key=config.forward_client_key,
+            auth=auth,
         )
 
-    def _headers(self, request: ProxyRequest, *, stream: bool) -> dict[str, str]:
-        # The client's forwarded extras first: what the gateway and the provider config set wins over them.
+    def headers(self, request: ProxyRequest, *, stream: bool) -> dict[str, str]:
+        """The headers before authentication. The client's forwarded extras first: what the gateway and the
+        provider config set wins over them (and the credentials, added by ``auth``, over everything)."""
         headers = {
             **request.extra_headers,
             "content-type": "application/json",
@@ -83,106 +75,25 @@ class ClaudeAdapter:
         }
         if request.anthropic_beta:
             headers["anthropic-beta"] = request.anthropic_beta
-        if self._forward_client_key:
-            headers.update(request.client_auth)
-        else:
-            headers.update(self._key_headers)
         return headers
 
-    async def _post(self, url: str, request: ProxyRequest, body: bytes, *, stream: bool) -> UpstreamResponse:
+    async def prepare(self, request: ProxyRequest, model: str, operation: Operation) -> Prepared:
+        url = self._count_url if operation is Operation.COUNT else self._messages_url
         if request.beta:
             url += "?beta=true"
-        headers = self._headers(request, stream=stream)
-        if self._sign is not None:
-            headers = await self._sign("POST", url, headers, body)
-        resp = await self._client.send("POST", url, headers=headers, body=body, timeouts=self._timeouts)
-        return await checked(resp, self.name)
-
-    def _body(self, request: ProxyRequest, model: str) -> bytes:
-        return request.body if model == request.model else request.body_with(set={"model": model})
-
-    async def open_stream(self, request: ProxyRequest, model: str) -> SseEventStream:
-        resp = await self._post(self._messages_url, request, self._body(request, model), stream=True)
-        return SseEventStream(resp)
-
-    async def complete(self, request: ProxyRequest, model: str) -> JsonReply:
-        resp = await self._post(self._messages_url, request, self._body(request, model), stream=False)
-        return await JsonReply.read(resp, self.name, check_json=False)
-
-    async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
-        resp = await self._post(self._count_url, request, self._body(request, model), stream=False)
-        return await JsonReply.read(resp, self.name)
-
-    async def aclose(self) -> None:
-        if self._on_close is not None:
-            await self._on_close()
-
-
-def aws_region(configured: str | None, profile: str | None = None) -> str:
-    """The configured region, else ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` / the profile's, else us-east-1."""
-    if configured:
-        return configured
-    for var in ("AWS_REGION", "AWS_DEFAULT_REGION"):
-        if os.environ.get(var):
-            return os.environ[var]
-    from botocore.session import Session
-
-    region = Session(profile=profile).get_config_variable("region")
-    return region if isinstance(region, str) and region else "us-east-1"
-
-
-def aws_signer(name: str, config: BedrockMantleProvider | ClaudeAwsProvider, service: str, region: str) -> Sign:
-    signer = SigV4Signer(service, region)
-    source = CredentialSource(
-        provider=name,
-        access_key_id=config.access_key_id,
-        secret_access_key=config.secret_access_key,
-        session_token=config.session_token,
-        profile=config.profile,
-    )
-
-    async def sign(method: str, url: str, headers: Mapping[str, str], body: bytes) -> dict[str, str]:
-        return await sigv4_headers(signer, source, method, url, headers, body)
-
-    return sign
-
-
-def _aws_first_party(
-    name: str,
-    config: BedrockMantleProvider | ClaudeAwsProvider,
-    client: HttpClient,
-    *,
-    base_url: str,
-    api_key: str | None,
-    region: str,
-    kind: str,
-    extra_headers: Mapping[str, str] | None = None,
-) -> ClaudeAdapter:
-    return ClaudeAdapter(
-        name,
-        client,
-        base_url=config.base_url or base_url,
-        timeouts=Timeouts(config.connect_timeout_s, config.read_timeout_s),
-        key_headers={"authorization": f"Bearer {api_key}"} if api_key else None,
-        extra_headers=extra_headers,
-        sign=None if api_key else aws_signer(name, config, config.signing_name, region),
-        kind=kind,
-    )
+        body = request.body if model == request.model else request.body_with(set={"model": model})
+        return Prepared(url, body, self.headers(request, stream=operation is Operation.STREAM))
 
 
 def mantle_adapter(name: str, config: BedrockMantleProvider, client: HttpClient) -> ClaudeAdapter:
     """The Bedrock Messages endpoint: Bedrock API key (``api_key`` / ``AWS_BEARER_TOKEN_BEDROCK``) or SigV4."""
     region = aws_region(config.region, config.profile)
-    api_key = config.api_key
-    if not api_key and not (config.access_key_id or config.profile):
-        api_key = os.environ.get("AWS_BEARER_TOKEN_BEDROCK") or None
-    return _aws_first_party(
+    return ClaudeAdapter(
         name,
-        config,
         client,
-        base_url=f"https://bedrock-mantle.{region}.api.aws/anthropic",
-        api_key=api_key,
-        region=region,
+        base_url=config.base_url or f"https://bedrock-mantle.{region}.api.aws/anthropic",
+        timeouts=Timeouts(config.connect_timeout_s, config.read_timeout_s),
+        auth=aws_auth(name, config, config.signing_name, region, api_key=bedrock_api_key(config)),
         kind="bedrock_mantle",
     )
 
@@ -190,15 +101,14 @@ def mantle_adapter(name: str, config: BedrockMantleProvider, client: HttpClient)
 def claude_aws_adapter(name: str, config: ClaudeAwsProvider, client: HttpClient) -> ClaudeAdapter:
     """Claude Platform on AWS: an API key, or SigV4; every request names its ``anthropic-workspace-id``."""
     region = aws_region(config.region, config.profile)
-    return _aws_first_party(
+    return ClaudeAdapter(
         name,
-        config,
         client,
-        base_url=f"https://aws-external-anthropic.{region}.api.aws",
-        api_key=config.api_key,
-        region=region,
-        kind="claude_aws",
+        base_url=config.base_url or f"https://aws-external-anthropic.{region}.api.aws",
+        timeouts=Timeouts(config.connect_timeout_s, config.read_timeout_s),
+        auth=aws_auth(name, config, config.signing_name, region, api_key=config.api_key),
         extra_headers={"anthropic-workspace-id": config.workspace_id},
+        kind="claude_aws",
     )
 
 
@@ -207,23 +117,17 @@ def foundry_adapter(name: str, config: FoundryProvider, client: HttpClient) -> C
     (as the SDK sends it), or an Entra ID bearer token."""
     from ._entra import EntraTokenSource
 
-    base_url = config.base_url or f"https://{config.resource}.services.ai.azure.com/anthropic"
-    sign: Sign | None = None
-    on_close: Callable[[], Awaitable[None]] | None = None
+    auth: Auth | None = None
     if config.entra is not None:
         tokens = EntraTokenSource(provider=name, settings=config.entra)
-
-        async def bearer(method: str, url: str, headers: Mapping[str, str], body: bytes) -> dict[str, str]:
-            return {**headers, "authorization": f"Bearer {await tokens.token()}"}
-
-        sign, on_close = bearer, tokens.aclose
+        auth = BearerAuth(tokens.token, close=tokens.aclose)
+    elif config.api_key:
+        auth = HeaderAuth({"x-api-key": config.api_key, "api-key": config.api_key})
     return ClaudeAdapter(
         name,
         client,
-        base_url=base_url,
+        base_url=config.base_url or f"https://{config.resource}.services.ai.azure.com/anthropic",
         timeouts=Timeouts(config.connect_timeout_s, config.read_timeout_s),
-        key_headers={"x-api-key": config.api_key, "api-key": config.api_key} if config.api_key else None,
-        sign=sign,
+        auth=auth,
         kind="foundry",
-        on_close=on_close,
     )

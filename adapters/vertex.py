@@ -16,11 +16,11 @@ from urllib.parse import quote
 from gateway.events import Batch
 from gateway.request import ProxyRequest
 from gateway.settings import VertexProvider
-from gateway.upstream import MAX_ERROR_BYTES, BodyTooLarge, HttpClient, Timeouts, UpstreamResponse
+from gateway.upstream import HttpClient, Timeouts, UpstreamResponse
 
 from ._google import GoogleCredentialsUnavailable, GoogleTokenSource
-from .base import JsonReply, SseEventStream, checked, url_model
-from .claude import USER_AGENT
+from ._http import ACCEPT_JSON, BearerAuth, HttpAdapter, Operation, Prepared, base_headers
+from .base import SseEventStream, url_model
 
 __all__ = ["VertexAdapter", "vertex_base_url"]
 
@@ -54,22 +54,21 @@ class VertexEventStream(SseEventStream):
                     yield Batch([batch.views[i] for i in keep], [datas[i] for i in keep])
 
 
-class VertexAdapter:
+class VertexAdapter(HttpAdapter):
     kind = "vertex"
 
     def __init__(
         self, name: str, config: VertexProvider, client: HttpClient, *, tokens: GoogleTokenSource | None = None
     ) -> None:
-        self.name = name
-        self._config = config
-        self._client = client
-        self._base = (config.base_url or vertex_base_url(config.region)).rstrip("/")
-        self._timeouts = Timeouts(config.connect_timeout_s, config.read_timeout_s)
         self.tokens = tokens or GoogleTokenSource(
             provider=name, credentials_file=config.credentials_file, project=config.project
         )
+        auth = BearerAuth(self.tokens.token, renew=self.tokens.refresh_after_401)
+        super().__init__(name, client, timeouts=Timeouts(config.connect_timeout_s, config.read_timeout_s), auth=auth)
+        self._config = config
+        self._base = (config.base_url or vertex_base_url(config.region)).rstrip("/")
 
-    def _url(self, model: str, method: str) -> str:
+    def url(self, model: str, method: str) -> str:
         project = self.tokens.project
         if not project:
             raise GoogleCredentialsUnavailable(
@@ -85,46 +84,21 @@ class VertexAdapter:
         )
         return f"{self._base}/projects/{project}/locations/{region}/publishers/anthropic/models/{model}:{method}"
 
-    async def _post(
-        self, model: str, method: str, request: ProxyRequest, body: bytes, *, stream: bool
-    ) -> UpstreamResponse:
-        token = await self.tokens.token()  # first: it may learn the project from the credentials
-        url = self._url(model, method)
-        headers = {
-            "content-type": "application/json",
-            "accept": "text/event-stream" if stream else "application/json",
-            "user-agent": USER_AGENT,
-        }
+    async def prepare(self, request: ProxyRequest, model: str, operation: Operation) -> Prepared:
+        if not self.tokens.project:
+            await self.tokens.token()  # the project may come with the credentials: loaded with the first token
+        version = self._config.anthropic_version
+        if operation is Operation.COUNT:
+            url_model(model)  # in the body here, but a Vertex model id all the same: the same names are refused
+            url = self.url("count-tokens", "rawPredict")
+            body = request.body_with(set={"anthropic_version": version, "model": model})
+        else:
+            url = self.url(model, "streamRawPredict" if operation is Operation.STREAM else "rawPredict")
+            body = request.body_with(set={"anthropic_version": version}, drop=("model",))
+        headers = base_headers("text/event-stream" if operation is Operation.STREAM else ACCEPT_JSON)
         if request.anthropic_beta:
             headers["anthropic-beta"] = request.anthropic_beta
-        for attempt in (1, 2):
-            headers["authorization"] = f"Bearer {token}"
-            resp = await self._client.send("POST", url, headers=headers, body=body, timeouts=self._timeouts)
-            if resp.status == 401 and attempt == 1:  # revoked or skewed: one new token, one retry
-                with contextlib.suppress(BodyTooLarge):
-                    await resp.read(MAX_ERROR_BYTES)
-                await resp.aclose()
-                token = await self.tokens.refresh_after_401(token)
-                continue
-            return await checked(resp, self.name)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return Prepared(url, body, headers)
 
-    def _body(self, request: ProxyRequest) -> bytes:
-        return request.body_with(set={"anthropic_version": self._config.anthropic_version}, drop=("model",))
-
-    async def open_stream(self, request: ProxyRequest, model: str) -> VertexEventStream:
-        resp = await self._post(model, "streamRawPredict", request, self._body(request), stream=True)
+    def events(self, resp: UpstreamResponse, request: ProxyRequest, model: str) -> VertexEventStream:
         return VertexEventStream(resp)
-
-    async def complete(self, request: ProxyRequest, model: str) -> JsonReply:
-        resp = await self._post(model, "rawPredict", request, self._body(request), stream=False)
-        return await JsonReply.read(resp, self.name, check_json=False)
-
-    async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
-        url_model(model)  # in the body here, but a Vertex model id all the same: the same names are refused
-        body = request.body_with(set={"anthropic_version": self._config.anthropic_version, "model": model})
-        resp = await self._post("count-tokens", "rawPredict", request, body, stream=False)
-        return await JsonReply.read(resp, self.name)
-
-    async def aclose(self) -> None:
-        return None

@@ -178,6 +178,11 @@ class ProxyRequest:
         self.extra_headers: dict[str, str] = dict(extra_headers) if extra_headers else {}
         self._fields: dict[str, msgspec.Raw] | None = None
 
+    def betas(self) -> list[str]:
+        """The ``anthropic-beta`` header as a list of names (Bedrock takes them in the body)."""
+        header = self.anthropic_beta
+        return [b.strip() for b in header.split(",") if b.strip()] if header else []
+
     def fields(self) -> dict[str, msgspec.Raw]:
         """The body's top level, nested values left as raw JSON (decoded once, on first use)."""
         if self._fields is None:

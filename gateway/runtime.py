@@ -115,7 +115,10 @@ def build_runtime(
     from adapters import build_adapter
     from gateway.pipeline import Resilience as _Resilience
 
-    adapters = {name: build_adapter(name, config, client, metrics) for name, config in settings.providers.items()}
+    def mismatch(provider: str) -> None:
+        metrics.usage_mismatch.labels(provider).inc()
+
+    adapters = {name: build_adapter(name, config, client, mismatch) for name, config in settings.providers.items()}
     routes = RouteTable(settings.models, adapters, settings.resilience.breaker)
     return Runtime(
         settings,

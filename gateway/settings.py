@@ -21,6 +21,7 @@ __all__ = [
     "AnthropicProvider",
     "ApiKey",
     "AuthSettings",
+    "AwsAuthSettings",
     "BedrockMantleProvider",
     "BedrockProvider",
     "BreakerSettings",
@@ -161,7 +162,7 @@ class MockProvider(_Provider, tag="mock", frozen=True, kw_only=True):
     first_event_delay_ms: NonNegativeFloat = 0.0
 
 
-class _AwsAuth(_Provider, frozen=True, kw_only=True):
+class AwsAuthSettings(_Provider, frozen=True, kw_only=True):
     """AWS credentials: explicit keys, a profile of the shared config, the standard chain (all empty), or a
     bearer API key. Secrets belong in the environment: ``secret_access_key: ${AWS_SECRET_ACCESS_KEY}``."""
 
@@ -180,20 +181,20 @@ class _AwsAuth(_Provider, frozen=True, kw_only=True):
             raise ValueError("api_key (bearer) and AWS keys/profile (SigV4) are alternatives; set one")
 
 
-class BedrockProvider(_AwsAuth, tag="bedrock", frozen=True, kw_only=True):
+class BedrockProvider(AwsAuthSettings, tag="bedrock", frozen=True, kw_only=True):
     """Claude (InvokeModel) or any Converse model on Amazon Bedrock."""
 
     api: Literal["invoke", "converse"] = "invoke"
     anthropic_version: str = "bedrock-2023-05-31"
 
 
-class BedrockMantleProvider(_AwsAuth, tag="bedrock_mantle", frozen=True, kw_only=True):
+class BedrockMantleProvider(AwsAuthSettings, tag="bedrock_mantle", frozen=True, kw_only=True):
     """The Bedrock Messages endpoint: first-party ``/v1/messages`` at ``bedrock-mantle.{region}.api.aws/anthropic``."""
 
     signing_name: str = "bedrock-mantle"
 
 
-class ClaudeAwsProvider(_AwsAuth, tag="claude_aws", frozen=True, kw_only=True):
+class ClaudeAwsProvider(AwsAuthSettings, tag="claude_aws", frozen=True, kw_only=True):
     """Claude Platform on AWS: first-party API at ``aws-external-anthropic.{region}.api.aws``."""
 
     workspace_id: Annotated[str, msgspec.Meta(min_length=1)]

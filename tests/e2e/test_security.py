@@ -160,8 +160,14 @@ def test_adapters_escape_every_url_part_even_past_the_edge() -> None:
     class Tokens:
         project = "p/../q"
 
+        async def token(self) -> str:
+            return "t"
+
+        async def refresh_after_401(self, rejected: str) -> str:
+            return "t"
+
     vertex = VertexAdapter("v", VertexProvider(region="us-east5", base_url="http://h/v1"), None, tokens=Tokens())  # type: ignore[arg-type]
-    url = vertex._url("claude-x:countTokens@2025", "rawPredict")
+    url = vertex.url("claude-x:countTokens@2025", "rawPredict")
     assert (
         url
         == "http://h/v1/projects/p%2F..%2Fq/locations/us-east5/publishers/anthropic/models/claude-x%3AcountTokens@2025:rawPredict"
@@ -172,7 +178,7 @@ def test_adapters_escape_every_url_part_even_past_the_edge() -> None:
     )
     for bad in ("a/../b", "a?x", "a#y", "a%2F", "..", "a b", ""):
         with pytest.raises(InvalidRequest):
-            vertex._url(bad, "rawPredict")
+            vertex.url(bad, "rawPredict")
         with pytest.raises(InvalidRequest):
             bedrock.url(bad, "invoke")
     with pytest.raises(InvalidRequest):

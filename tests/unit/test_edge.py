@@ -3,6 +3,7 @@ max_tokens ceiling, without a server."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 from types import SimpleNamespace
@@ -10,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 
+from adapters._http import HeaderAuth, Operation
 from adapters.claude import USER_AGENT, ClaudeAdapter
 from gateway.edge import (
     NEVER_FORWARDED,
@@ -243,12 +245,17 @@ def test_claude_adapter_sends_the_extras_but_its_own_headers_win() -> None:
         cast(Any, None),
         base_url="http://upstream",
         timeouts=Timeouts(1, 1),
-        key_headers={"x-api-key": "provider-key"},
+        auth=HeaderAuth({"x-api-key": "provider-key"}),
         extra_headers={"anthropic-workspace-id": "ws-1"},
     )
     extras = {"x-team": "blue", "user-agent": "client/1", "anthropic-workspace-id": "ws-client", "accept": "*/*"}
     request = ProxyRequest(body=b"{}", model="m", stream=True, request_id="r", extra_headers=extras)
-    headers = adapter._headers(request, stream=True)
+
+    async def sent() -> dict[str, str]:  # what goes on the wire: prepared, then authenticated
+        url, body, headers = await adapter.prepare(request, "m", Operation.STREAM)
+        return await adapter.auth.apply(request, url, headers, body)
+
+    headers = asyncio.run(sent())
     assert headers["x-team"] == "blue"
     assert headers["user-agent"] == USER_AGENT
     assert headers["anthropic-workspace-id"] == "ws-1"
