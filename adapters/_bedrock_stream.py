@@ -129,7 +129,7 @@ async def raise_for_bedrock(resp: UpstreamResponse, provider: str) -> None:
 class BedrockEventStream:
     """InvokeModelWithResponseStream's event-stream → batches of first-party events."""
 
-    __slots__ = ("_name", "_on_mismatch", "_resp", "headers", "request_id")
+    __slots__ = ("_chunk_headers", "_name", "_on_mismatch", "_previous", "_resp", "_start", "headers", "request_id")
 
     def __init__(self, resp: UpstreamResponse, provider: str, on_mismatch: Callable[[], None] | None) -> None:
         self._resp = resp
@@ -137,67 +137,28 @@ class BedrockEventStream:
         self._on_mismatch = on_mismatch
         self.headers = forwardable_headers(resp.headers)
         self.request_id = provider_request_id(resp.headers)
+        self._chunk_headers = b""  # the header block of this stream's chunk frames, once seen
+        # message_start, and the batch before the current one: what Bedrock's metrics are checked against
+        self._start: EventView | None = None
+        self._previous: list[EventView] = []
 
     async def batches(self) -> AsyncGenerator[Batch]:
+        """One batch per read: the chunks' events, built in C when they have Bedrock's shape (``_fast_batch``),
+        else decoded and checked event by event (``_general_batch``); a damaged stream or an exception frame
+        ends the stream with an ``error`` event after what arrived intact before it."""
         decoder = EventStreamDecoder()
-        chunk_headers = b""  # the header block of this stream's chunk frames, once seen
-        start: EventView | None = None  # message_start, and the batch before this one: for the metrics check
-        previous: list[EventView] = []
         chunks = self._resp.chunks()
         try:
             async for received in chunks:
-                failure: bytes | None = None
-                try:  # the chunks' payloads directly, as long as their header block is the known one
-                    payloads, frames = decoder.feed_payloads(received, chunk_headers)
-                except EventStreamError as exc:  # what arrived intact before the damage still goes out
-                    payloads, frames = [], exc.decoded
-                    failure = _error_data("api_error", f"provider {self._name!r}: damaged event stream: {exc}")
-                if not payloads and not frames and failure is None:
-                    continue
-                for raw_headers, payload in frames:  # the first chunk, other event types, an exception
-                    if raw_headers == chunk_headers:
-                        payloads.append(payload)
-                        continue
-                    headers = parse_headers(raw_headers)
-                    kind = headers.get(":message-type")
-                    if kind == "event":
-                        if headers.get(":event-type") == "chunk":
-                            chunk_headers = raw_headers
-                            payloads.append(payload)
-                    else:
-                        failure = self._failure(EventStreamMessage(headers, payload))
-                        break
+                payloads, failure = self._payloads(decoder, received)
+                batch = None
                 if failure is None and payloads and _chunk_batch is not None:
-                    fast = self._fast_batch(payloads, start, previous)
-                    if fast is not None:
-                        views = fast.views
-                        if start is None and views[0].type == "message_start":
-                            start = views[0]
-                        yield fast
-                        previous = views
-                        continue
-                datas = self._chunk_datas(payloads) if payloads else []
-                if failure is None and len(datas) < len(payloads):
-                    failure = _error_data("api_error", f"provider {self._name!r}: undecodable event-stream chunk")
-                if failure is not None:
-                    datas.append(failure)
-                if not datas:
-                    continue
-                joined = b",".join(datas)  # one buffer for the partial decode and the checks below
-                views = decode_views(datas, b"[" + joined + b"]")
-                if start is None and views[0].type == "message_start":
-                    start = views[0]
-                slow = b"\n" in joined or b"\r" in joined  # multi-line JSON: re-encoded on one line
-                metrics_at = joined.find(_METRICS_BYTES)
-                if metrics_at >= 0:
-                    if metrics_at >= len(joined) - len(datas[-1]) and views[-1].type == "message_stop":
-                        datas[-1] = self._strip_metrics(datas[-1], start, previous + views[:-1])  # as a rule
-                        slow = slow or _METRICS_BYTES in datas[-1]
-                    else:
-                        slow = True  # metrics anywhere else
-                raw = self._rewrite(views, datas, start, previous) if slow else encode_frames(views, datas)
-                yield Batch(views, datas, raw)
-                previous = views
+                    batch = self._fast_batch(payloads)
+                if batch is None:
+                    batch = self._general_batch(payloads, failure)
+                if batch is not None:
+                    self._previous = batch.views
+                    yield batch
                 if failure is not None:
                     return
             decoder.close()
@@ -211,11 +172,63 @@ class BedrockEventStream:
         finally:
             await chunks.aclose()  # the response's own generator ends with this one, not at garbage collection
 
-    def _fast_batch(self, payloads: list[bytes], start: EventView | None, previous: list[EventView]) -> Batch | None:
+    def _payloads(self, decoder: EventStreamDecoder, received: bytes) -> tuple[list[bytes], bytes | None]:
+        """The chunk payloads of one read, and the ``error`` event's data when the read ends the stream (damage,
+        or an exception frame; what arrived intact before it is kept). Frames of other event types are skipped."""
+        failure: bytes | None = None
+        chunk_headers = self._chunk_headers
+        try:  # the chunks' payloads directly, as long as their header block is the known one
+            payloads, frames = decoder.feed_payloads(received, chunk_headers)
+        except EventStreamError as exc:
+            payloads, frames = [], exc.decoded
+            failure = _error_data("api_error", f"provider {self._name!r}: damaged event stream: {exc}")
+        for raw_headers, payload in frames:  # the first chunk, other event types, an exception
+            if raw_headers == chunk_headers:
+                payloads.append(payload)
+                continue
+            headers = parse_headers(raw_headers)
+            if headers.get(":message-type") != "event":
+                failure = self._failure(EventStreamMessage(headers, payload))
+                break
+            if headers.get(":event-type") == "chunk":
+                self._chunk_headers = chunk_headers = raw_headers
+                payloads.append(payload)
+        return payloads, failure
+
+    def _note_start(self, views: list[EventView]) -> EventView | None:
+        """The stream's ``message_start``: the first event of the first batch that has one."""
+        if self._start is None and views and views[0].type == "message_start":
+            self._start = views[0]
+        return self._start
+
+    def _general_batch(self, payloads: list[bytes], failure: bytes | None) -> Batch | None:
+        """The batch of any read: each chunk decoded, the ``error`` event (if any) last; None when nothing to send."""
+        datas = self._chunk_datas(payloads) if payloads else []
+        if failure is None and len(datas) < len(payloads):
+            failure = _error_data("api_error", f"provider {self._name!r}: undecodable event-stream chunk")
+        if failure is not None:
+            datas.append(failure)
+        if not datas:
+            return None
+        joined = b",".join(datas)  # one buffer for the partial decode and the checks below
+        views = decode_views(datas, b"[" + joined + b"]")
+        start = self._note_start(views)
+        slow = b"\n" in joined or b"\r" in joined  # multi-line JSON: re-encoded on one line
+        metrics_at = joined.find(_METRICS_BYTES)
+        if metrics_at >= 0:
+            if metrics_at >= len(joined) - len(datas[-1]) and views[-1].type == "message_stop":
+                datas[-1] = self._strip_metrics(datas[-1], start, self._previous + views[:-1])  # as a rule
+                slow = slow or _METRICS_BYTES in datas[-1]
+            else:
+                slow = True  # metrics anywhere else
+        raw = self._rewrite(views, datas, start) if slow else encode_frames(views, datas)
+        return Batch(views, datas, raw)
+
+    def _fast_batch(self, payloads: list[bytes]) -> Batch | None:
         """The batch of a read of chunk frames only, built in C without an object per event
         (``_eventstream_c.chunk_batch``) when the events are in the shape Bedrock sends: each begins with
         its ``type``, is on one line, and the metrics, if any, are in the final ``message_stop`` alone.
-        None for anything else: the general path below handles it (and counts a metrics mismatch once)."""
+        None for anything else: the general path handles it (and counts a metrics mismatch once)."""
         assert _chunk_batch is not None
         built = _chunk_batch(payloads)
         if built is None:
@@ -225,20 +238,16 @@ class BedrockEventStream:
         if len(views) != len(payloads) or names != "\n".join([v.type for v in views]).encode():
             return None
         metrics_at = array.find(_METRICS_BYTES)
-        if metrics_at >= 0:
-            if metrics_at < last_at or views[-1].type != "message_stop":
-                return None
-            if array.find(_METRICS_BYTES, metrics_at + 1) >= 0:
-                return None
-            if start is None and views[0].type == "message_start":
-                start = views[0]
-            data = self._strip_metrics(array[last_at:-1], start, previous + views[:-1])
-            raw = raw[:last_frame_at] + frame_header("message_stop") + data + b"\n\n"
-        return Batch(views, None, raw)
+        if metrics_at < 0:
+            self._note_start(views)
+            return Batch(views, None, raw)
+        if metrics_at < last_at or views[-1].type != "message_stop" or array.find(_METRICS_BYTES, metrics_at + 1) >= 0:
+            return None
+        start = self._note_start(views)
+        data = self._strip_metrics(array[last_at:-1], start, self._previous + views[:-1])
+        return Batch(views, None, raw[:last_frame_at] + frame_header("message_stop") + data + b"\n\n")
 
-    def _rewrite(
-        self, views: list[EventView], datas: list[bytes], start: EventView | None, previous: list[EventView]
-    ) -> bytes:
+    def _rewrite(self, views: list[EventView], datas: list[bytes], start: EventView | None) -> bytes:
         """The slow path of a batch: events put on one line, Bedrock's metrics removed wherever they are.
         ``datas`` is changed in place; returns the batch's SSE."""
         for i, view in enumerate(views):
@@ -246,7 +255,7 @@ class BedrockEventStream:
             if b"\n" in data or b"\r" in data:
                 datas[i] = data = msgspec.json.format(data, indent=-1)  # the same JSON on one line
             if view.type == "message_stop" and _METRICS_BYTES in data:
-                datas[i] = self._strip_metrics(data, start, previous + views[:i])
+                datas[i] = self._strip_metrics(data, start, self._previous + views[:i])
         return encode_frames(views, datas)
 
     @staticmethod

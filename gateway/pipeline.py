@@ -26,7 +26,7 @@ from gateway.errors import (
     error_frame,
     status_for_error_type,
 )
-from gateway.events import Batch, UsageView
+from gateway.events import Batch, EventView, UsageView
 from gateway.metrics import Metrics
 from gateway.request import ProxyRequest
 from gateway.routing import Route, Target
@@ -301,78 +301,115 @@ def check_utf8(batch: Batch, sent: int) -> None:
 
 
 async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -> AsyncIterator[bytes]:
-    """The client's SSE body: one write per upstream read; ``error`` (never ``message_stop``) on failure."""
+    """The client's SSE body: one write per upstream read; ``error`` (never ``message_stop``) on failure. Each
+    batch is checked (``_check``), folded into the tally (``_track``) and forwarded (``_forward``); the stream
+    ends at its last event, or with ``error`` when the provider's body ends early or breaks (``_next``)."""
     validator = StreamValidator()
-    check_all = validator.check_all
     provider = opened.target.provider
     context = tally.context
     outcome: str | None = None  # set when the stream ends; still None if the client went away first
-    batch = opened.first
+    batch: Batch | None = opened.first
     try:
-        while True:
-            views = batch.views
-            failure = b""
-            try:
-                sent = check_all(views)
-                raw = batch.raw
-                if not (raw.isascii() if raw is not None else all(d.isascii() for d in batch.datas)):
-                    check_utf8(batch, sent)  # rare: only a batch with non-ASCII bytes is decoded
-            except Violation as violation:
-                metrics.violations.labels(provider, violation.rule).inc()
-                failure = error_frame("api_error", f"invalid stream from provider: {violation.message}")
-                validator.fail()
+        while batch is not None:
+            sent, failure = _check(batch, validator, metrics, provider)
+            if failure:
                 outcome = Outcome.INVALID_STREAM
-                sent = violation.at
-            for view in views if sent == len(views) else views[:sent]:  # track (cheap), then forward
-                etype = view.type
-                if etype == "content_block_delta":
-                    if tally.first_token_at is None:
-                        tally.observe(view)
-                elif etype in _KNOWN:
-                    tally.observe(view)
-                else:
-                    metrics.unknown_events.labels(provider, etype).inc()
+            _track(batch.views, sent, tally, metrics, provider)
             if validator.state >= State.DONE:
                 context.last_chunk = True  # the client's response can end with this chunk
                 if outcome is None:
                     outcome = Outcome.COMPLETED if validator.state is State.DONE else Outcome.UPSTREAM_ERROR
-            if sent == len(views) and batch.raw is not None:
-                yield batch.raw
-            elif sent or failure:
-                yield (encode_frames(views[:sent], batch.datas[:sent]) if sent else b"") + failure
+            out = _forward(batch, sent, failure)
+            if out:
+                yield out
             if validator.state >= State.DONE:
                 return
-            try:
-                batch = await anext(opened.batches)
-            except StopAsyncIteration:
-                try:
-                    validator.finish()
-                except Violation as violation:
-                    metrics.violations.labels(provider, violation.rule).inc()
-                    outcome = Outcome.UPSTREAM_ERROR
-                    yield error_frame("api_error", f"provider {provider!r}: {violation.message}")
-                return
-            except StreamInterrupted as exc:
-                outcome = Outcome.TIMEOUT if exc.timeout else Outcome.UPSTREAM_ERROR
-                kind = "timeout_error" if exc.timeout else "api_error"
-                metrics.upstream_errors.labels(provider, kind).inc()
-                yield error_frame(kind, f"provider {provider!r}: {exc}")
-                return
+            batch, ended, tail = await _next(opened, validator, metrics, provider)
+            if ended is not None:
+                outcome = ended
+            if tail:
+                yield tail
     except Exception:
         outcome = Outcome.INTERNAL_ERROR  # a bug: the edge's error boundary logs it and ends the stream
         raise
     finally:
-        health = opened.target.health
-        health.end()
-        if outcome in (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT, Outcome.INVALID_STREAM):
-            health.record_failure(opened.clock())
-        tally.record(outcome or context.cancel_outcome)
-        if validator.state is not State.DONE:
-            await _close(opened.batches, opened.stream)
-        elif opened.stream.at_eof():  # the provider's body is all here: finishing it waits for nothing
-            await _finish(opened)
+        await _settle(opened, validator, outcome, tally)
+
+
+def _check(batch: Batch, validator: StreamValidator, metrics: Metrics, provider: str) -> tuple[int, bytes]:
+    """How many of the batch's events may go out, and the ``error`` frame that replaces the rest (b"" if none)."""
+    views = batch.views
+    try:
+        sent = validator.check_all(views)
+        raw = batch.raw
+        if not (raw.isascii() if raw is not None else all(d.isascii() for d in batch.datas)):
+            check_utf8(batch, sent)  # rare: only a batch with non-ASCII bytes is decoded
+    except Violation as violation:
+        metrics.violations.labels(provider, violation.rule).inc()
+        validator.fail()
+        return violation.at, error_frame("api_error", f"invalid stream from provider: {violation.message}")
+    return sent, b""
+
+
+def _track(views: list[EventView], sent: int, tally: UsageTally, metrics: Metrics, provider: str) -> None:
+    """Fold the events that go out into the tally (cheap: only the first delta and the usage-bearing events are
+    observed); count event types the gateway does not know."""
+    for view in views if sent == len(views) else views[:sent]:
+        etype = view.type
+        if etype == "content_block_delta":
+            if tally.first_token_at is None:
+                tally.observe(view)
+        elif etype in _KNOWN:
+            tally.observe(view)
         else:
-            _drain_later(opened)
+            metrics.unknown_events.labels(provider, etype).inc()
+
+
+def _forward(batch: Batch, sent: int, failure: bytes) -> bytes:
+    """The bytes that go to the client for a batch: its own when all of it goes out, else the events that may go
+    out re-framed, then the ``error`` frame."""
+    if sent == len(batch.views) and batch.raw is not None:
+        return batch.raw
+    if sent or failure:
+        return (encode_frames(batch.views[:sent], batch.datas[:sent]) if sent else b"") + failure
+    return b""
+
+
+async def _next(
+    opened: OpenStream, validator: StreamValidator, metrics: Metrics, provider: str
+) -> tuple[Batch | None, str | None, bytes]:
+    """The provider's next batch; or, at its end, ``(None, outcome, error frame)``: a body that ended before the
+    stream was complete, or broke, ends the client's stream with ``error``."""
+    try:
+        return await anext(opened.batches), None, b""
+    except StopAsyncIteration:
+        try:
+            validator.finish()
+        except Violation as violation:
+            metrics.violations.labels(provider, violation.rule).inc()
+            return None, Outcome.UPSTREAM_ERROR, error_frame("api_error", f"provider {provider!r}: {violation.message}")
+        return None, None, b""
+    except StreamInterrupted as exc:
+        kind = "timeout_error" if exc.timeout else "api_error"
+        metrics.upstream_errors.labels(provider, kind).inc()
+        outcome = Outcome.TIMEOUT if exc.timeout else Outcome.UPSTREAM_ERROR
+        return None, outcome, error_frame(kind, f"provider {provider!r}: {exc}")
+
+
+async def _settle(opened: OpenStream, validator: StreamValidator, outcome: str | None, tally: UsageTally) -> None:
+    """However the stream ended: the target's health, the tally's outcome, the provider's body closed (or read to
+    its end, in the background when it is not all here yet, so the connection goes back to the pool)."""
+    health = opened.target.health
+    health.end()
+    if outcome in (Outcome.UPSTREAM_ERROR, Outcome.TIMEOUT, Outcome.INVALID_STREAM):
+        health.record_failure(opened.clock())
+    tally.record(outcome or tally.context.cancel_outcome)  # None: the client went away (or was let go) first
+    if validator.state is not State.DONE:
+        await _close(opened.batches, opened.stream)
+    elif opened.stream.at_eof():  # the provider's body is all here: finishing it waits for nothing
+        await _finish(opened)
+    else:
+        _drain_later(opened)
 
 
 _DRAINS: set[asyncio.Task[None]] = set()
