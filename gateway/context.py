@@ -1,8 +1,9 @@
 """One request as the edge serves it, apart from its usage.
 
 ``UsageTally`` is the usage fold's state and its recording; a ``RequestContext`` is the rest: which config
-serves the request (``runtime``), who sent it (``key``: the principal), its ids, what has gone out to the
-client (``reply``), and how the gateway is ending it (``cancel_outcome``, ``last_chunk``). The tally refers to
+serves the request (``runtime``), who sent it (``key``: the principal), its ids, its deadline and the attempts
+made for it, what has gone out to the client (``reply``), and how the gateway is ending it (``cancel_outcome``,
+``last_chunk``). The tally refers to
 its request's context for the access line; the ledger's attribution and the limiter's admission belong here.
 """
 
@@ -31,7 +32,9 @@ class Reply:
 class RequestContext:
     __slots__ = (
         "agent_id",
+        "attempts",
         "cancel_outcome",
+        "deadline",
         "key",
         "last_chunk",
         "method",
@@ -62,3 +65,7 @@ class RequestContext:
         self.reply = Reply()
         self.cancel_outcome = "client_cancelled"  # what a stream cut short by the gateway records
         self.last_chunk = False  # the stream's body generator is yielding its final chunk
+        # when the request's total timeout (``resilience.timeouts.total_s``) runs out, on the pipeline's clock; set
+        # by its first attempt and kept by every later one (a panic pass included)
+        self.deadline: float | None = None
+        self.attempts = 0  # upstream attempts made so far

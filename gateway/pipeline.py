@@ -117,7 +117,10 @@ async def _attempts(
 
     When no target is available the panic rule applies (``gateway.balance``): every target, the one free
     soonest first, and the client gets what the provider answers — never an answer made up in its place."""
-    deadline = res.clock() + res.total_s
+    context = tally.context
+    if context.deadline is None:
+        context.deadline = res.clock() + res.total_s
+    deadline = context.deadline
     order = [] if panic else route.plan(res.clock())
     if not order:
         panic = True
@@ -148,7 +151,7 @@ async def _attempts(
         if lease is None:
             continue
         tried += 1
-        tally.attempts = tried
+        context.attempts += 1
         previous = target
         tally.provider, tally.model = target.provider, target.upstream_model(request.model)
         tally.model_label = target.model or ""  # never the client's own name: it would be a label value

@@ -57,13 +57,16 @@ def access_line(
     ttft: float | None = None,
     usage: Usage = EMPTY,
     attempts: int = 0,
+    key: str = "",
 ) -> str:
-    """One request as one JSON object, the same keys for every route: no prompt text, no keys, nothing from the
-    client but its model name, method, path and Claude Code's session and agent ids."""
+    """One request as one JSON object, the same keys for every route: no prompt text, no keys (``key`` is the
+    name of the client key that authenticated the request, "" for none), nothing from the client but its model
+    name, method, path and Claude Code's session and agent ids."""
     return _encode_line(
         {
             "request_id": request_id,
             "upstream_request_id": upstream_request_id,
+            "key": key,
             "method": method,
             "path": path,
             "alias": alias,
@@ -165,7 +168,6 @@ class UsageTally:
         self.recorded: str | None = None
         self.inflight = False
         self.status = 0  # the HTTP status the client got (200 for a stream, even one that ended in `error`)
-        self.attempts = 0
         self.upstream_request_id = ""
         self.upstream_wait: float | None = None  # the answering provider's own time to its first event
         self.context = context or RequestContext()  # the request's ids, principal and control state
@@ -222,7 +224,7 @@ class UsageTally:
             "gateway.provider": self.provider,
             "gateway.model": self.model,
             "gateway.outcome": outcome,
-            "gateway.attempts": self.attempts,
+            "gateway.attempts": self.context.attempts,
             "http.response.status_code": self.status,
             "gen_ai.usage.input_tokens": usage.input_tokens or 0,
             "gen_ai.usage.output_tokens": usage.output_tokens or 0,
@@ -254,5 +256,6 @@ class UsageTally:
             model=self.model,
             ttft=ttft,
             usage=self.usage,
-            attempts=self.attempts,
+            attempts=context.attempts,
+            key=context.key.name if context.key is not None else "",
         )

@@ -158,3 +158,25 @@ models: {{"*": {{targets: [{{provider: b}}]}}}}
             assert found[0]["input_tokens"] == 5
     finally:
         server.shutdown()
+
+
+def test_the_line_names_the_principal_by_its_key_name(
+    fake: FakeClaudeAPI, gateway: RunningGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The request's context carries who sent it: the access line names the client key (its name from the
+    config, never the key) for both Messages-shaped routes, and "" when no key authenticated the request."""
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    ok = httpx.post(f"{gateway.url}/v1/messages", json={"model": "fake-text", **KW}, headers={"x-api-key": "gw-key-1"})
+    counted = httpx.post(
+        f"{gateway.url}/v1/messages/count_tokens",
+        json={"model": "fake-text", "messages": KW["messages"]},
+        headers={"x-api-key": "gw-key-1"},
+    )
+    denied = httpx.post(f"{gateway.url}/v1/messages", json={"model": "fake-text", **KW}, headers={"x-api-key": "nope"})
+    assert (ok.status_code, counted.status_code, denied.status_code) == (200, 200, 401)
+    names = [lines(caplog, r.headers["request-id"])[0]["key"] for r in (ok, counted, denied)]
+    assert names == ["key-1", "key-1", ""]  # gw-key-1 is the first of `auth.keys`: named key-1
+    second = httpx.post(
+        f"{gateway.url}/v1/messages", json={"model": "fake-text", **KW}, headers={"authorization": "Bearer gw-key-2"}
+    )
+    assert lines(caplog, second.headers["request-id"])[0]["key"] == "key-2"

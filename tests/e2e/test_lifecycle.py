@@ -65,10 +65,14 @@ def serve(tmp_path: Path) -> Iterator[object]:
         return served
 
     yield start
-    for served in started:
+    for served in started:  # stopped as an operator stops it (and so that subprocess coverage is written)
         if served.proc.poll() is None:
-            served.proc.kill()
-            served.proc.wait(10)
+            served.proc.terminate()
+            try:
+                served.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                served.proc.kill()
+                served.proc.wait(10)
 
 
 def write(path: Path, target: str, *, broken: bool = False) -> None:

@@ -252,3 +252,28 @@ def test_an_error_before_the_first_real_event_gets_an_http_status_and_falls_over
         )
         == 2
     )
+
+
+def test_the_context_carries_the_deadline_and_counts_the_attempts() -> None:
+    """The request's deadline is set by its first attempt on the pipeline's clock and every attempt is counted
+    on its context (the access line and the span read them there)."""
+    from gateway.pipeline import Resilience, open_stream
+    from gateway.request import ProxyRequest
+    from gateway.routing import Route, Target
+    from gateway.settings import ResilienceSettings, TimeoutSettings
+
+    overloaded = _Adapter("a", [[ev("error", error={"type": "overloaded_error", "message": "Overloaded"})]])
+    healthy = _Adapter("b", [GOOD])
+    request = ProxyRequest(body=b"{}", model="m", stream=True, request_id="req_1")
+    metrics = Metrics()
+    res = Resilience(ResilienceSettings(timeouts=TimeoutSettings(total_s=42)), clock=lambda: 1000.0)
+    tally = UsageTally(metrics, alias="m")
+    assert (tally.context.deadline, tally.context.attempts) == (None, 0)
+
+    async def go() -> None:
+        route = Route("m", (Target(overloaded, None), Target(healthy, None)))  # type: ignore[arg-type]
+        opened = await open_stream(route, request, metrics, tally, res)
+        await opened.stream.aclose()
+
+    asyncio.run(go())
+    assert (tally.context.deadline, tally.context.attempts) == (1042.0, 2)
