@@ -23,7 +23,7 @@ from gateway.metrics import CONTENT_TYPE
 from gateway.routing import Route
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.core import Gateway
 
 __all__ = ["HANDLERS", "error_response", "exception_handlers"]
 

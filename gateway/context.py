@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from gateway.edge import ClientKey
     from gateway.runtime import Runtime
 
-__all__ = ["Reply", "RequestContext"]
+__all__ = ["DRAIN_CANCEL", "Reply", "RequestContext"]
+
+DRAIN_CANCEL = "gateway shutting down"  # the cancel message of streams ended by the shutdown drain
 
 
 class Reply:

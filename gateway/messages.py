@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import JsonReply
 from gateway import pipeline
-from gateway.context import Reply, RequestContext
+from gateway.context import DRAIN_CANCEL, Reply, RequestContext
 from gateway.edge import authenticate, authorize, check_max_tokens, check_model_name, proxy_request, read_body
 from gateway.errors import GatewayError, RequestTooLarge, error_frame, new_request_id
 from gateway.request import parse_count_tokens, parse_messages
@@ -26,7 +26,7 @@ from gateway.server import BODY_RECEIVED
 from gateway.usage import Outcome, UsageTally
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.core import Gateway
     from gateway.runtime import Runtime
 
 __all__ = [
@@ -41,7 +41,6 @@ __all__ = [
 
 log = logging.getLogger("gateway")
 
-DRAIN_CANCEL = "gateway shutting down"  # the cancel message of streams ended by the shutdown drain
 
 Scope = dict[str, Any]
 Receive = Any

@@ -17,7 +17,7 @@ from gateway.api import error_response
 from gateway.errors import NotFound, new_request_id
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.core import Gateway
 
 __all__ = ["PAGE_HANDLERS", "asset"]
 

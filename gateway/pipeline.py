@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -17,7 +16,7 @@ from typing import TypeVar
 import msgspec
 
 from adapters.base import NOT_JSON, EventStream, JsonReply
-from gateway.balance import RetryPolicy, TargetHealth, hinted_delay
+from gateway.balance import TargetHealth, hinted_delay
 from gateway.errors import (
     GatewayError,
     UpstreamConnectionError,
@@ -27,13 +26,14 @@ from gateway.errors import (
     status_for_error_type,
 )
 from gateway.events import Batch, EventView, UsageView
+from gateway.fold import usage_of
 from gateway.metrics import Metrics
 from gateway.request import ProxyRequest
+from gateway.resilience import Resilience
 from gateway.routing import Route, Target
-from gateway.settings import ResilienceSettings
 from gateway.sse import encode_frames
 from gateway.upstream import StreamInterrupted
-from gateway.usage import Outcome, UsageTally, usage_of
+from gateway.usage import Outcome, UsageTally
 from gateway.validate import KNOWN_EVENTS, State, StreamValidator, Violation
 
 __all__ = [
@@ -67,28 +67,6 @@ class OpenStream:
         self.batches = batches
         self.first = first
         self.clock = clock  # the clock the target's breaker runs on
-
-
-class Resilience:
-    """How hard the gateway tries before the first byte: the retry policy, the first-event and total timeouts,
-    and the clock, sleep and randomness they use (injected in tests)."""
-
-    def __init__(
-        self,
-        settings: ResilienceSettings | None = None,
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        rng: random.Random | None = None,
-    ) -> None:
-        settings = settings or ResilienceSettings()
-        retry = settings.retry
-        self.policy = RetryPolicy(retry.max_attempts, retry.base_delay_s, retry.max_delay_s)
-        self.first_event_s = settings.timeouts.first_event_s
-        self.total_s = settings.timeouts.total_s
-        self.clock = clock
-        self.sleep = sleep
-        self.rng = rng or random.Random()
 
 
 def outcome_of(exc: GatewayError) -> str:

@@ -14,14 +14,14 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from adapters import Adapter, build_adapter
 from gateway.edge import ClientKey, build_keys
+from gateway.resilience import Resilience
 from gateway.routing import RouteTable
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
-    from adapters import Adapter
     from gateway.metrics import Metrics
-    from gateway.pipeline import Resilience
     from gateway.upstream import HttpClient
 
 __all__ = ["Runtime", "build_runtime"]
@@ -112,8 +112,6 @@ def build_runtime(
 ) -> Runtime:
     """Build a runtime (adapters, routes, keys) from ``settings``. Blocking work may happen here (resolving an
     AWS region builds a botocore session): a reload runs it in a worker thread."""
-    from adapters import build_adapter
-    from gateway.pipeline import Resilience as _Resilience
 
     def mismatch(provider: str) -> None:
         metrics.usage_mismatch.labels(provider).inc()
@@ -124,7 +122,7 @@ def build_runtime(
         settings,
         adapters,
         routes,
-        resilience or _Resilience(settings.resilience),
+        resilience or Resilience(settings.resilience),
         build_keys(settings.auth.keys),
         build_keys(settings.admin.keys),
     )

@@ -4,7 +4,7 @@ routes with, read at the moment of the request. Keyed like the other routes when
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -16,10 +16,10 @@ from gateway.errors import GatewayError, new_request_id
 from gateway.metrics import TOKEN_TYPES
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from gateway.core import Gateway
     from gateway.routing import Route
 
-__all__ = ["STATUS_HANDLERS", "BreakerCollector", "status_document"]
+__all__ = ["STATUS_HANDLERS", "status_document"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -89,33 +89,3 @@ async def gateway_status(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 
 STATUS_HANDLERS = [gateway_status]
-
-_STATE_VALUE = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
-
-
-class BreakerCollector:
-    """``gateway_target_state{alias,provider,model}`` (0 closed, 1 half-open, 2 open) and
-    ``gateway_target_inflight``, read from the live route table at scrape time (so a reload shows at once)."""
-
-    def __init__(self, gw: Gateway) -> None:
-        self._gw = gw
-
-    def describe(self) -> list[Any]:
-        return []
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        labels = ["alias", "provider", "model"]
-        state = GaugeMetricFamily(
-            "gateway_target_state", "Circuit breaker: 0 closed, 1 half-open, 2 open.", labels=labels
-        )
-        inflight = GaugeMetricFamily("gateway_target_inflight", "Requests in flight per target.", labels=labels)
-        now = self._gw.resilience.clock()
-        for route in self._gw.routes.all_routes():
-            for target in route.targets:
-                values = [route.alias, target.provider, target.model or ""]
-                state.add_metric(values, _STATE_VALUE[target.health.state(now)])
-                inflight.add_metric(values, float(target.health.inflight))
-        yield state
-        yield inflight

@@ -1,8 +1,5 @@
-"""Usage: a pure fold over the stream, and the per-request tally that records it exactly once.
-
-``message_start.message.usage`` sets the starting counts; each field present in a ``message_delta``
-usage *overwrites* (the counts are cumulative totals, never increments).
-"""
+"""The per-request tally that records a request's usage exactly once (metrics, access line, span), over the
+pure fold of ``gateway.fold``."""
 
 from __future__ import annotations
 
@@ -14,14 +11,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gateway.context import RequestContext
-from gateway.events import EventView, Usage, UsageView
+from gateway.events import EventView, Usage
+from gateway.fold import EMPTY, fold_usage, overwrite_present, usage_of
 
 if TYPE_CHECKING:
     from gateway.metrics import Metrics
 
 __all__ = ["Outcome", "UsageTally", "access_line", "fold_usage", "overwrite_present", "usage_of"]
-
-EMPTY = Usage()
 
 access_log = logging.getLogger("gateway.access")
 """One JSON line per request at INFO (``messages-gateway serve`` logs INFO; silence it with the logger's level)."""
@@ -87,40 +83,6 @@ def access_line(
     ).decode()
 
 
-def usage_of(view: UsageView) -> Usage:
-    return Usage(
-        input_tokens=view.input_tokens,
-        output_tokens=view.output_tokens,
-        cache_creation_input_tokens=view.cache_creation_input_tokens,
-        cache_read_input_tokens=view.cache_read_input_tokens,
-    )
-
-
-def overwrite_present(usage: Usage, update: UsageView) -> Usage:
-    """Each field reported in ``update`` replaces the one in ``usage``; absent fields survive."""
-    return Usage(
-        input_tokens=usage.input_tokens if update.input_tokens is None else update.input_tokens,
-        output_tokens=usage.output_tokens if update.output_tokens is None else update.output_tokens,
-        cache_creation_input_tokens=usage.cache_creation_input_tokens
-        if update.cache_creation_input_tokens is None
-        else update.cache_creation_input_tokens,
-        cache_read_input_tokens=usage.cache_read_input_tokens
-        if update.cache_read_input_tokens is None
-        else update.cache_read_input_tokens,
-    )
-
-
-def fold_usage(usage: Usage, view: EventView) -> Usage:
-    """The usage after one more event."""
-    etype = view.type
-    if etype == "message_start":
-        message = view.message
-        return usage_of(message.usage) if message is not None and message.usage is not None else usage
-    if etype == "message_delta" and view.usage is not None:
-        return overwrite_present(usage, view.usage)
-    return usage
-
-
 class UsageTally:
     """Per-request usage and timings; ``record`` writes them to the metrics exactly once."""
 
@@ -128,7 +90,6 @@ class UsageTally:
         "_clock",
         "_metrics",
         "alias",
-        "attempts",
         "context",
         "first_token_at",
         "inflight",

@@ -351,7 +351,7 @@ def test_the_watcher_survives_whatever_a_reload_raises(
     """Before: ``max_attempts: !!int abc`` raised an uncaught ValueError, and the server ignored every later edit
     of the file for good. Bad values are ConfigErrors now (tests/unit/test_fuzz.py); and the watch loop goes on
     even when a reload raises something else."""
-    from gateway import app as app_module
+    from gateway import core as app_module  # where Gateway (and the loader it calls) lives
 
     path = tmp_path / "g.yaml"
     path.write_text("auth: {keys: [k1]}" + BASE)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway import app as app_module
+from gateway import core as app_module  # where Gateway (and the builder it calls) lives
 from gateway import runtime as runtime_module
 from gateway.app import Gateway
 from gateway.messages import messages_endpoint

@@ -1,0 +1,233 @@
+"""The process's state, beneath the HTTP layer: the current ``Runtime``, the metrics, the upstream client, the
+streams in flight; reload, watch and drain. The ASGI application (``gateway.app``) and every route handler take
+a ``Gateway``; nothing here knows of HTTP routes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from adapters import Adapter
+from gateway.context import DRAIN_CANCEL, RequestContext
+from gateway.edge import ClientKey
+from gateway.metrics import Metrics
+from gateway.resilience import Resilience
+from gateway.routing import RouteTable
+from gateway.runtime import Runtime, build_runtime
+from gateway.settings import ConfigError, Settings, load_settings
+from gateway.tracing import request_tracer
+from gateway.upstream import HttpClient
+from gateway.usage import Outcome
+
+__all__ = ["BreakerCollector", "Gateway"]
+
+log = logging.getLogger("gateway")
+
+
+class Gateway:
+    """The process's state: the current ``Runtime`` (one config's keys, routes, adapters…), the metrics, the
+    upstream client and the streams in flight. A request takes ``runtime`` once and keeps it to its end;
+    ``reload`` builds a new runtime (off the event loop, from ``watch`` and SIGHUP) and swaps it in with one
+    assignment, and the replaced one closes its adapters when its last request ends. ``begin_drain`` (SIGTERM)
+    ends the streams still running after the drain timeout with an ``error``.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        client: HttpClient,
+        metrics: Metrics,
+        resilience: Resilience | None = None,
+        *,
+        config_path: str | Path | None = None,
+    ) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.config_path = Path(config_path) if config_path is not None else None
+        self._fixed_resilience = resilience
+        self.streams: dict[asyncio.Task[Any], RequestContext] = {}  # in-flight streaming requests, for the drain
+        self.draining = False
+        self.active = 0  # Messages-route requests in this process, for server.max_inflight
+        self.reloads = 0
+        self._tasks: set[asyncio.Task[Any]] = set()  # reloads started by SIGHUP: referenced until they end
+        self._retired: set[Runtime] = set()  # replaced runtimes whose adapters are not closed yet
+        self.runtime = build_runtime(settings, client, metrics, resilience)
+        self._adopt(self.runtime)
+        metrics.registry.register(BreakerCollector(self))
+
+    # the current runtime's parts, for the routes that read one of them once (a request that reads several
+    # takes `runtime` itself)
+    @property
+    def settings(self) -> Settings:
+        return self.runtime.settings
+
+    @property
+    def keys(self) -> list[ClientKey]:
+        return self.runtime.keys
+
+    @property
+    def admin_keys(self) -> list[ClientKey]:
+        return self.runtime.admin_keys
+
+    @property
+    def routes(self) -> RouteTable:
+        return self.runtime.routes
+
+    @property
+    def resilience(self) -> Resilience:
+        return self.runtime.resilience
+
+    @property
+    def adapters(self) -> dict[str, Adapter]:
+        return self.runtime.adapters
+
+    def _adopt(self, runtime: Runtime) -> None:
+        self.metrics.set_pricing(runtime.settings.pricing)
+        self.metrics.tracer = request_tracer(runtime.settings.server.tracing)
+
+    def _load(self, path: Path) -> Runtime | None:
+        """The new runtime for ``path``, or None (a broken file, or adapters that cannot be built: logged, the
+        running config stays). Blocking: ``reload_async`` runs it in a worker thread."""
+        try:
+            settings = load_settings(path)
+        except ConfigError as exc:
+            log.error("config reload rejected, keeping the running config: %s", exc)
+            return None
+        try:
+            return build_runtime(settings, self.client, self.metrics, self._fixed_resilience)
+        except Exception:  # an adapter that cannot be built (credentials, a region…): the running table stays
+            log.exception("config reload from %s failed, keeping the running config", path)
+            return None
+
+    def _swap(self, runtime: Runtime, path: Path) -> None:
+        old, settings = self.runtime, runtime.settings
+        if settings.auth.open and old.keys:
+            # the file asks for it (a file without keys must say `open: true`): applied, but said loudly
+            log.warning(
+                "config reload from %s opens the gateway: it had %d keys and now serves anyone", path, len(old.keys)
+            )
+        server, running = settings.server, old.settings.server
+        if (server.host, server.port, server.workers) != (running.host, running.port, running.workers):
+            log.warning("server.host/port/workers changed in %s: they take effect on restart only", path)
+        self._adopt(runtime)
+        self.runtime = runtime  # one assignment: a request sees the old runtime or the new one, never a mix
+        self._retired.add(old)
+        old.retire(on_closed=self._retired.discard)  # closed, and forgotten, when its last request ends
+        self.reloads += 1
+        log.info(
+            "config reloaded from %s: %d providers, %d model routes",
+            path,
+            len(settings.providers),
+            len(settings.models),
+        )
+
+    def _path(self, path: str | Path | None) -> Path | None:
+        chosen = path or self.config_path
+        return None if chosen is None else Path(chosen)
+
+    def reload(self, path: str | Path | None = None) -> bool:
+        """Load the config again, on the calling thread; a broken file is logged and the running table stays."""
+        chosen = self._path(path)
+        runtime = None if chosen is None else self._load(chosen)
+        if runtime is None or chosen is None:
+            return False
+        self._swap(runtime, chosen)
+        return True
+
+    async def reload_async(self, path: str | Path | None = None) -> bool:
+        """``reload`` with the loading and building in a worker thread (they may block for milliseconds: a
+        botocore session per AWS provider), the swap on the loop."""
+        chosen = self._path(path)
+        if chosen is None:
+            return False
+        runtime = await asyncio.to_thread(self._load, chosen)
+        if runtime is None:
+            return False
+        self._swap(runtime, chosen)
+        return True
+
+    def reload_soon(self) -> None:
+        """SIGHUP: a reload, off the loop, referenced until it ends."""
+        task = asyncio.get_running_loop().create_task(self.reload_async())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def watch(self, interval: float = 1.0) -> None:
+        """Reload when the config file's modification time or size changes."""
+        if self.config_path is None:
+            return
+        last = _stamp(self.config_path)
+        while True:
+            await asyncio.sleep(interval)
+            stamp = _stamp(self.config_path)
+            if stamp != last:
+                last = stamp
+                try:
+                    await self.reload_async()
+                except Exception:  # whatever a reload raises, the watcher goes on watching
+                    log.exception("config reload from %s failed; still watching it", self.config_path)
+
+    def begin_drain(self, timeout: float | None = None) -> None:
+        """Stop taking work (the server stops accepting); streams still running after ``timeout`` get an
+        ``error`` event and end."""
+        if self.draining:
+            return
+        self.draining = True
+        timeout = self.settings.server.drain_timeout_s if timeout is None else timeout
+        log.info("draining: %d streams in flight, %g s to finish", len(self.streams), timeout)
+        asyncio.get_running_loop().call_later(timeout, self._end_streams)
+
+    def _end_streams(self) -> None:
+        for task, context in list(self.streams.items()):
+            context.cancel_outcome = Outcome.TIMEOUT  # the drain timeout ran out
+            task.cancel(DRAIN_CANCEL)
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for runtime in [*self._retired, self.runtime]:
+            runtime.retire()
+            await runtime.closed()
+        await self.client.aclose()
+
+
+def _stamp(path: Path) -> tuple[float, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_mtime, stat.st_size)
+
+
+_STATE_VALUE = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
+
+
+class BreakerCollector:
+    """``gateway_target_state{alias,provider,model}`` (0 closed, 1 half-open, 2 open) and
+    ``gateway_target_inflight``, read from the live route table at scrape time (so a reload shows at once)."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self._gw = gw
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        labels = ["alias", "provider", "model"]
+        state = GaugeMetricFamily(
+            "gateway_target_state", "Circuit breaker: 0 closed, 1 half-open, 2 open.", labels=labels
+        )
+        inflight = GaugeMetricFamily("gateway_target_inflight", "Requests in flight per target.", labels=labels)
+        now = self._gw.resilience.clock()
+        for route in self._gw.routes.all_routes():
+            for target in route.targets:
+                values = [route.alias, target.provider, target.model or ""]
+                state.add_metric(values, _STATE_VALUE[target.health.state(now)])
+                inflight.add_metric(values, float(target.health.inflight))
+        yield state
+        yield inflight

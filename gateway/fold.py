@@ -1,0 +1,48 @@
+"""Usage: a pure fold over a stream's events.
+
+``message_start.message.usage`` sets the starting counts; each field present in a ``message_delta`` usage
+*overwrites* (the counts are cumulative totals, never increments). No state, no I/O: the tally
+(``gateway.usage``) and the Bedrock adapter's metrics check both fold with it.
+"""
+
+from __future__ import annotations
+
+from gateway.events import EventView, Usage, UsageView
+
+__all__ = ["EMPTY", "fold_usage", "overwrite_present", "usage_of"]
+
+EMPTY = Usage()
+
+
+def usage_of(view: UsageView) -> Usage:
+    return Usage(
+        input_tokens=view.input_tokens,
+        output_tokens=view.output_tokens,
+        cache_creation_input_tokens=view.cache_creation_input_tokens,
+        cache_read_input_tokens=view.cache_read_input_tokens,
+    )
+
+
+def overwrite_present(usage: Usage, update: UsageView) -> Usage:
+    """Each field reported in ``update`` replaces the one in ``usage``; absent fields survive."""
+    return Usage(
+        input_tokens=usage.input_tokens if update.input_tokens is None else update.input_tokens,
+        output_tokens=usage.output_tokens if update.output_tokens is None else update.output_tokens,
+        cache_creation_input_tokens=usage.cache_creation_input_tokens
+        if update.cache_creation_input_tokens is None
+        else update.cache_creation_input_tokens,
+        cache_read_input_tokens=usage.cache_read_input_tokens
+        if update.cache_read_input_tokens is None
+        else update.cache_read_input_tokens,
+    )
+
+
+def fold_usage(usage: Usage, view: EventView) -> Usage:
+    """The usage after one more event."""
+    etype = view.type
+    if etype == "message_start":
+        message = view.message
+        return usage_of(message.usage) if message is not None and message.usage is not None else usage
+    if etype == "message_delta" and view.usage is not None:
+        return overwrite_present(usage, view.usage)
+    return usage
