@@ -67,16 +67,20 @@ def _digest(value: bytes) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class ClientKey:
-    """An inbound API key: its name (safe to log), the key itself (never logged, never in a repr) and the
-    alias patterns it may use (``None``: every alias)."""
+    """An inbound API key: its name (safe to log), the key itself or only its SHA-256 digest (never logged,
+    never in a repr), the alias patterns it may use (``None``: every alias), and the team and user its requests
+    are attributed to."""
 
     name: str
-    key: bytes = field(repr=False)
+    key: bytes = field(default=b"", repr=False)
     models: tuple[str, ...] | None = None
-    digest: bytes = field(init=False, repr=False, compare=False)
+    team: str = ""
+    user: str = ""
+    digest: bytes = field(default=b"", repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "digest", _digest(self.key))
+        if not self.digest:
+            object.__setattr__(self, "digest", _digest(self.key))
 
     def allows(self, alias: str, model: str | None = None) -> bool:
         """Whether a pattern (``fnmatch`` glob, case-sensitive) matches ``alias`` or, when given, ``model``."""
@@ -96,7 +100,13 @@ def build_keys(entries: Iterable[str | ApiKey]) -> list[ClientKey]:
                 keys.append(ClientKey(name=f"key-{position}", key=entry.encode()))
         else:
             models = None if entry.models is None else tuple(entry.models)
-            keys.append(ClientKey(name=entry.name, key=entry.key.encode(), models=models))
+            team, user = entry.team or "", entry.user or ""
+            if entry.key_sha256 is not None:
+                digest = bytes.fromhex(entry.key_sha256)
+                keys.append(ClientKey(name=entry.name, models=models, team=team, user=user, digest=digest))
+            else:
+                key = (entry.key or "").encode()
+                keys.append(ClientKey(name=entry.name, key=key, models=models, team=team, user=user))
     return keys
 
 

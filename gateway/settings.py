@@ -108,13 +108,27 @@ class ResilienceSettings(_Strict, frozen=True, kw_only=True):
 
 
 class ApiKey(_Strict, frozen=True, kw_only=True):
-    name: str
-    key: Annotated[str, msgspec.Meta(min_length=1)]
+    """A named key. ``key`` is the secret itself, or ``key_sha256`` its SHA-256 digest in hex (so the file never
+    holds the secret: ``printf %s "$KEY" | sha256sum``). ``team`` and ``user`` attribute its requests (the
+    usage ledger and its reports)."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    key: str | None = None
+    key_sha256: str | None = None
     models: list[str] | None = None  # aliases (globs allowed) this key may use; None: all
+    team: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+    user: Annotated[str, msgspec.Meta(max_length=128)] | None = None
 
     def __post_init__(self) -> None:
-        if not self.key.strip():
+        if (self.key is None) == (self.key_sha256 is None):
+            raise ValueError(f"key {self.name!r}: set exactly one of key and key_sha256")
+        if self.key is not None and not self.key.strip():
             raise ValueError(f"key {self.name!r} is empty or white space (an unset variable?)")
+        if self.key_sha256 is not None and not _SHA256_HEX.fullmatch(self.key_sha256):
+            raise ValueError(f"key {self.name!r}: key_sha256 must be 64 hexadecimal digits (a SHA-256 digest)")
+
+
+_SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 
 
 class AuthSettings(_Strict, frozen=True, kw_only=True):

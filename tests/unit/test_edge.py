@@ -61,6 +61,49 @@ auth:
     assert [(k.name, k.models) for k in keys] == [("key-1", None), ("ci", ("claude-haiku-*", "sonnet")), ("ops", None)]
 
 
+def test_a_key_given_by_its_sha256_authenticates_the_secret_and_carries_team_and_user() -> None:
+    """``key_sha256``: the file holds the digest, never the secret; ``team``/``user`` attribute the requests."""
+    import hashlib
+
+    digest = hashlib.sha256(b"sk-alice-secret").hexdigest()
+    settings = parse_settings(
+        f"""
+auth:
+  keys:
+    - {{name: alice, key_sha256: "{digest.upper()}", team: payments, user: alice@example.com}}
+    - {{name: bob, key: sk-bob, team: payments}}
+    - sk-plain
+"""
+    )
+    keys = build_keys(settings.auth.keys)
+    assert [(k.name, k.team, k.user) for k in keys] == [
+        ("alice", "payments", "alice@example.com"),
+        ("bob", "payments", ""),
+        ("key-3", "", ""),
+    ]
+    assert keys[0].key == b"" and "sk-alice" not in repr(keys[0])
+    assert authenticate(keys, {"x-api-key": "sk-alice-secret"})[1] is keys[0]
+    assert authenticate(keys, {"authorization": "Bearer sk-bob"})[1] is keys[1]
+    with pytest.raises(AuthenticationError):
+        authenticate(keys, {"x-api-key": digest})  # the digest itself is not the key
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("{name: a}", "set exactly one of key and key_sha256"),
+        ("{name: a, key: k, key_sha256: '" + "0" * 64 + "'}", "set exactly one of key and key_sha256"),
+        ("{name: a, key_sha256: abc}", "64 hexadecimal digits"),
+        ("{name: a, key_sha256: " + "g" * 64 + "}", "64 hexadecimal digits"),
+    ],
+)
+def test_a_key_entry_needs_exactly_one_valid_secret(entry: str, message: str) -> None:
+    from gateway.settings import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        parse_settings(f"auth:\n  keys:\n    - {entry}\n")
+
+
 def test_client_key_repr_never_shows_the_key() -> None:
     key = ClientKey(name="team-a", key=b"sk-very-secret")
     assert "sk-very-secret" not in repr(key)
