@@ -1,0 +1,213 @@
+"""The ledger's stores, one suite over the three: memory (the twin), SQLite (a file) and a real PostgreSQL
+server started for the session (``tests/postgres.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.store import SCHEMA_VERSION, LedgerRow, MemoryStore, Store, StoreError, UsageQuery, open_store
+from tests.postgres import PostgresServer, find_bin_dir, start_postgres
+
+HOUR = 3_600_000
+T0 = 1_764_547_200_000  # 2025-12-01T00:00:00Z
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer | None]:
+    if find_bin_dir() is None:
+        if os.environ.get("MESSAGES_GATEWAY_REQUIRE_POSTGRES"):
+            pytest.fail("PostgreSQL is required here (MESSAGES_GATEWAY_REQUIRE_POSTGRES) but not installed")
+        yield None
+        return
+    server = start_postgres()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+_DATABASES = iter(range(1, 10_000))
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path, postgres: PostgresServer | None) -> str:
+    if request.param == "memory":
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/ledger.db"
+    if postgres is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    name = f"t{next(_DATABASES)}"
+    created = postgres._run("createdb", "-h", "127.0.0.1", "-p", str(postgres.port), "-U", postgres.user, name)
+    assert created.returncode == 0, created.stderr
+    return postgres.url.rsplit("/", 1)[0] + "/" + name
+
+
+def row(i: int, **fields: Any) -> LedgerRow:
+    base: dict[str, Any] = {
+        "started_ms": T0 + i * 60_000,
+        "request_id": f"req_{i}",
+        "key_name": "ci",
+        "team": "payments",
+        "user": "alice",
+        "alias": "sonnet",
+        "provider": "claude",
+        "model": "claude-sonnet-4-5",
+        "outcome": "completed",
+        "status": 200,
+        "input_tokens": 100,
+        "output_tokens": 10,
+        "cache_read_input_tokens": 1,
+        "cache_creation_input_tokens": 2,
+        "cost_usd": 0.5,
+        "duration_ms": 12.5,
+        "attempts": 1,
+    }
+    return LedgerRow(**{**base, **fields})
+
+
+def run(store: Store, work: Any) -> Any:
+    async def go() -> Any:
+        await store.open()
+        try:
+            return await work(store)
+        finally:
+            await store.aclose()
+
+    return asyncio.run(go())
+
+
+def test_rows_are_summed_per_bucket_and_dimension(store_url: str) -> None:
+    rows = [
+        row(0),
+        row(1, key_name="ops", team="infra", user="bob", cost_usd=None),
+        row(2, output_tokens=20),
+        row(61, model="claude-haiku-4-5", cost_usd=0.25),  # the next hour
+        row(200, request_id="late"),  # past the end
+        row(-1, request_id="early"),  # before the start
+    ]
+
+    async def work(store: Store) -> Any:
+        await store.write(rows)
+        by_key = await store.totals(
+            UsageQuery(start_ms=T0, end_ms=T0 + 2 * HOUR, bucket_ms=HOUR, group_by=("key_name",))
+        )
+        overall = await store.totals(UsageQuery(start_ms=T0, end_ms=T0 + 2 * HOUR, bucket_ms=HOUR))
+        only_ops = await store.totals(
+            UsageQuery(
+                start_ms=T0, end_ms=T0 + 2 * HOUR, bucket_ms=HOUR, group_by=("team",), filters={"key_name": ("ops",)}
+            )
+        )
+        by_user_model = await store.totals(
+            UsageQuery(start_ms=T0, end_ms=T0 + 2 * HOUR, bucket_ms=2 * HOUR, group_by=("user", "model"))
+        )
+        return by_key, overall, only_ops, by_user_model
+
+    by_key, overall, only_ops, by_user_model = run(open_store(store_url), work)
+    assert [(t.bucket, t.dimensions, t.requests, t.input_tokens, t.output_tokens, t.cost_usd) for t in by_key] == [
+        (0, {"key_name": "ci"}, 2, 200, 30, 1.0),
+        (0, {"key_name": "ops"}, 1, 100, 10, None),  # no row of the group was priced
+        (1, {"key_name": "ci"}, 1, 100, 10, 0.25),
+    ]
+    assert [(t.bucket, t.requests, t.cache_read_input_tokens, t.cache_creation_input_tokens) for t in overall] == [
+        (0, 3, 3, 6),
+        (1, 1, 1, 2),
+    ]
+    assert [(t.dimensions, t.requests) for t in only_ops] == [({"team": "infra"}, 1)]
+    assert [(t.dimensions, t.requests) for t in by_user_model] == [
+        ({"user": "alice", "model": "claude-haiku-4-5"}, 1),
+        ({"user": "alice", "model": "claude-sonnet-4-5"}, 2),
+        ({"user": "bob", "model": "claude-sonnet-4-5"}, 1),
+    ]
+
+
+def test_a_batch_written_twice_is_stored_once(store_url: str) -> None:
+    """At least once, never twice: a batch retried after a failure that had in fact committed adds nothing."""
+
+    async def work(store: Store) -> Any:
+        await store.write([row(0), row(1)])
+        await store.write([row(1), row(2)])
+        return await store.totals(UsageQuery(start_ms=T0, end_ms=T0 + HOUR, bucket_ms=HOUR))
+
+    (total,) = run(open_store(store_url), work)
+    assert total.requests == 3 and total.input_tokens == 300
+
+
+def test_prune_removes_what_is_older_than_the_retention(store_url: str) -> None:
+    async def work(store: Store) -> Any:
+        await store.write([row(0), row(1), row(120)])
+        pruned = await store.prune(T0 + 90 * 60_000)
+        left = await store.totals(UsageQuery(start_ms=T0, end_ms=T0 + 4 * HOUR, bucket_ms=4 * HOUR))
+        return pruned, left
+
+    pruned, (left,) = run(open_store(store_url), work)
+    assert pruned == 2 and left.requests == 1
+
+
+def test_the_schema_is_created_once_and_versioned(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    for _ in range(2):  # a restart finds the schema at its version and changes nothing
+        run(open_store(url), lambda store: store.write([row(0)]))
+    db = sqlite3.connect(tmp_path / "ledger.db")
+    assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+    assert db.execute("SELECT COUNT(*) FROM requests").fetchone() == (1,)
+    assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION + 1,))
+    db.commit()
+    with pytest.raises(StoreError, match="newer than this gateway"):
+        run(open_store(url), lambda store: store.write([]))
+
+
+def test_postgres_migrates_once_with_many_replicas_starting(postgres: PostgresServer | None) -> None:
+    """Replicas starting together: the advisory lock lets one create the schema; the others find it done."""
+    if postgres is None:
+        pytest.skip("PostgreSQL is not installed")
+    created = postgres._run("createdb", "-h", "127.0.0.1", "-p", str(postgres.port), "-U", postgres.user, "replicas")
+    assert created.returncode == 0, created.stderr
+    url = postgres.url.rsplit("/", 1)[0] + "/replicas"
+
+    async def go() -> list[int]:
+        stores = [open_store(url) for _ in range(4)]
+        await asyncio.gather(*(s.open() for s in stores))
+        await asyncio.gather(
+            *(s.write([row(i, request_id=f"r{n}_{i}") for i in range(3)]) for n, s in enumerate(stores))
+        )
+        totals = await stores[0].totals(UsageQuery(start_ms=T0, end_ms=T0 + HOUR, bucket_ms=HOUR))
+        for s in stores:
+            await s.aclose()
+        import asyncpg
+
+        conn = await asyncpg.connect(url)
+        versions = [r[0] for r in await conn.fetch("SELECT version FROM schema_version")]
+        await conn.close()
+        assert totals[0].requests == 12
+        return versions
+
+    assert asyncio.run(go()) == [SCHEMA_VERSION]
+
+
+def test_an_unreachable_store_is_a_store_error() -> None:
+    with pytest.raises(StoreError):
+        run(open_store("postgresql://nobody@127.0.0.1:1/none"), lambda store: store.write([row(0)]))
+    memory = MemoryStore()
+    memory.fail = RuntimeError("down")
+    with pytest.raises(StoreError):
+        asyncio.run(memory.write([row(0)]))
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "mysql://x", "ftp://x", "sqlite:///"])
+def test_store_urls_are_checked(url: str) -> None:
+    with pytest.raises(ValueError):
+        open_store(url)
+
+
+def test_a_query_refuses_unknown_dimensions() -> None:
+    with pytest.raises(ValueError):
+        UsageQuery(start_ms=0, end_ms=1, bucket_ms=1, group_by=("request_id; DROP TABLE requests",))
