@@ -90,6 +90,16 @@ class Metrics:
             ["alias", "provider", "model"],
             registry=r,
         )
+        self.ledger_rows_total = Counter(
+            "gateway_ledger_rows",
+            "Usage ledger rows by what became of them: written to the store, retried after a failed write "
+            "(counted per attempt), dropped (the queue was full, or still held rows at shutdown).",
+            ["result"],
+            registry=r,
+        )
+        self.ledger_queue_rows = Gauge(
+            "gateway_ledger_queue_rows", "Usage ledger rows waiting to be written.", registry=r
+        )
         self.pricing: list[tuple[str, Price]] = []
         self.tracer: Any = None  # an OpenTelemetry tracer when server.tracing is on
         self._prices: dict[str, Price | None] = {}
@@ -146,6 +156,12 @@ class Metrics:
             children.duration.observe(duration)
             if time_to_first_token is not None:
                 children.ttft.observe(time_to_first_token)
+
+    def ledger_rows(self, result: str, n: int) -> None:
+        self.ledger_rows_total.labels(result).inc(n)
+
+    def ledger_queue(self, depth: int) -> None:
+        self.ledger_queue_rows.set(depth)
 
     def set_pricing(self, pricing: dict[str, Price]) -> None:
         self.pricing = list(pricing.items())
