@@ -45,6 +45,7 @@ class RequestContext:
         "request_id",
         "runtime",
         "session_id",
+        "stream",
     )
 
     def __init__(
@@ -71,3 +72,4 @@ class RequestContext:
         # by its first attempt and kept by every later one (a panic pass included)
         self.deadline: float | None = None
         self.attempts = 0  # upstream attempts made so far
+        self.stream = False  # the client asked for a stream

@@ -7,9 +7,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gateway.events import EventView, Usage, UsageView
 
-__all__ = ["EMPTY", "fold_usage", "overwrite_present", "usage_of"]
+if TYPE_CHECKING:
+    from gateway.settings import Price
+
+__all__ = ["EMPTY", "cost_of", "fold_usage", "overwrite_present", "usage_of"]
 
 EMPTY = Usage()
 
@@ -46,3 +51,13 @@ def fold_usage(usage: Usage, view: EventView) -> Usage:
     if etype == "message_delta" and view.usage is not None:
         return overwrite_present(usage, view.usage)
     return usage
+
+
+def cost_of(usage: Usage, price: Price) -> float:
+    """US dollars for ``usage`` at ``price`` (per million tokens of each type)."""
+    return (
+        (usage.input_tokens or 0) * price.input
+        + (usage.output_tokens or 0) * price.output
+        + (usage.cache_read_input_tokens or 0) * price.cache_read
+        + (usage.cache_creation_input_tokens or 0) * price.cache_creation
+    ) / 1_000_000

@@ -221,7 +221,9 @@ async def _serve(
             head = parse_messages(body)
             model, stream, max_tokens = head.model, bool(head.stream), head.max_tokens
         check_model_name(model)
+        context.stream = stream
         route = runtime.routes.resolve(model)
+        tally.alias = route.alias  # routed: from here the request has a ledger row, whatever its outcome
         authorize(key, route, model)
         if max_tokens is not None:
             check_max_tokens(max_tokens, route.max_tokens, model)

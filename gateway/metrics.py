@@ -121,12 +121,13 @@ class Metrics:
         duration: float,
         time_to_first_token: float | None,
         timed: bool = True,
-        priced_as: str | None = None,
+        cost: float | None = None,
     ) -> None:
         """One request's outcome and tokens; ``timed``: observe its duration and time to first token too (not
         for a token count, whose latency is not a message's). ``model`` is a label, so it is the configured
         target model ("" for a target that forwards the client's name: a name a client invents never becomes a
-        label value); ``priced_as`` is the model actually asked for, which the pricing table is matched on."""
+        label value); ``cost``: its price in US dollars (``gateway.fold.cost_of`` of the model actually asked for),
+        None without one."""
         children = self._children.get((alias, provider, model, outcome))
         if children is None:
             children = self._children[(alias, provider, model, outcome)] = _Children(
@@ -141,17 +142,8 @@ class Metrics:
             children.cache_read.inc(usage.cache_read_input_tokens)
         if usage.cache_creation_input_tokens:
             children.cache_creation.inc(usage.cache_creation_input_tokens)
-        if self.pricing:
-            price = self.price_of(priced_as if priced_as is not None else model)
-            if price is not None:
-                cost = (
-                    (usage.input_tokens or 0) * price.input
-                    + (usage.output_tokens or 0) * price.output
-                    + (usage.cache_read_input_tokens or 0) * price.cache_read
-                    + (usage.cache_creation_input_tokens or 0) * price.cache_creation
-                ) / 1_000_000
-                if cost:
-                    self.cost.labels(alias, provider, model).inc(cost)
+        if cost:
+            self.cost.labels(alias, provider, model).inc(cost)
         if provider and timed:
             children.duration.observe(duration)
             if time_to_first_token is not None:

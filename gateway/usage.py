@@ -3,26 +3,19 @@ pure fold of ``gateway.fold``."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-import msgspec
+from typing import TYPE_CHECKING
 
 from gateway.context import RequestContext
-from gateway.events import EventView, Usage
-from gateway.fold import EMPTY, fold_usage, overwrite_present, usage_of
+from gateway.events import EventView
+from gateway.fold import EMPTY, cost_of, fold_usage, overwrite_present, usage_of
+from gateway.recording import Finished, Recorder, access_line, access_log
 
 if TYPE_CHECKING:
     from gateway.metrics import Metrics
 
-__all__ = ["Outcome", "UsageTally", "access_line", "fold_usage", "overwrite_present", "usage_of"]
-
-access_log = logging.getLogger("gateway.access")
-"""One JSON line per request at INFO (``messages-gateway serve`` logs INFO; silence it with the logger's level)."""
-_encode_line = msgspec.json.Encoder().encode
-
+__all__ = ["Outcome", "UsageTally", "access_line", "access_log", "fold_usage", "overwrite_present", "usage_of"]
 
 class Outcome:
     COMPLETED = "completed"
@@ -36,59 +29,13 @@ class Outcome:
     CLIENT_TIMEOUT = "client_timeout"  # the client went silent mid-request (server.client_timeout_s): 408
 
 
-def access_line(
-    *,
-    request_id: str,
-    method: str,
-    path: str,
-    status: int,
-    outcome: str,
-    duration: float,
-    session_id: str = "",
-    agent_id: str = "",
-    upstream_request_id: str = "",
-    alias: str = "",
-    provider: str = "",
-    model: str = "",
-    ttft: float | None = None,
-    usage: Usage = EMPTY,
-    attempts: int = 0,
-    key: str = "",
-) -> str:
-    """One request as one JSON object, the same keys for every route: no prompt text, no keys (``key`` is the
-    name of the client key that authenticated the request, "" for none), nothing from the client but its model
-    name, method, path and Claude Code's session and agent ids."""
-    return _encode_line(
-        {
-            "request_id": request_id,
-            "upstream_request_id": upstream_request_id,
-            "key": key,
-            "method": method,
-            "path": path,
-            "alias": alias,
-            "provider": provider,
-            "model": model,
-            "status": status,
-            "outcome": outcome,
-            "ttft_ms": None if ttft is None else round(ttft * 1000, 2),
-            "duration_ms": round(duration * 1000, 2),
-            "input_tokens": usage.input_tokens or 0,
-            "output_tokens": usage.output_tokens or 0,
-            "cache_read_input_tokens": usage.cache_read_input_tokens or 0,
-            "cache_creation_input_tokens": usage.cache_creation_input_tokens or 0,
-            "attempts": attempts,
-            "session_id": session_id,
-            "agent_id": agent_id,
-        }
-    ).decode()
-
-
 class UsageTally:
     """Per-request usage and timings; ``record`` writes them to the metrics exactly once."""
 
     __slots__ = (
         "_clock",
         "_metrics",
+        "_recorder",
         "alias",
         "context",
         "first_token_at",
@@ -98,6 +45,7 @@ class UsageTally:
         "provider",
         "recorded",
         "started",
+        "started_at",
         "started_ns",
         "status",
         "timed",
@@ -115,8 +63,12 @@ class UsageTally:
         model: str = "",
         clock: Callable[[], float] = time.monotonic,
         context: RequestContext | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
+        """``recorder``: where the finished request goes (the gateway's, with its ledger); by default the
+        metrics, the access line and the span of ``metrics``."""
         self._metrics = metrics
+        self._recorder = recorder or Recorder.default(metrics)
         self._clock = clock
         self.alias = alias
         self.provider = provider
@@ -124,6 +76,7 @@ class UsageTally:
         self.model_label = model  # the configured target model: "" for one that forwards the client's name
         self.usage = EMPTY
         self.started = clock()
+        self.started_at = time.time()
         self.started_ns = time.time_ns() if metrics.tracer is not None else 0
         self.first_token_at: float | None = None
         self.recorded: str | None = None
@@ -153,70 +106,44 @@ class UsageTally:
             self.first_token_at = self._clock()
 
     def record(self, outcome: str) -> bool:
-        """Write the request's outcome, tokens and timings once; later calls do nothing."""
+        """Write the request's outcome, tokens and timings once (to every sink of its recorder); later calls do
+        nothing."""
         if self.recorded is not None:
             return False
         self.recorded = outcome
         if self.inflight:
             self._metrics.inflight.dec()
-        ttft = None if self.first_token_at is None else self.first_token_at - self.started
-        duration = self._clock() - self.started
-        self._metrics.record_request(
-            alias=self.alias,
-            provider=self.provider,
-            model=self.model_label,
-            priced_as=self.model,
-            outcome=outcome,
-            usage=self.usage,
-            duration=duration,
-            time_to_first_token=ttft,
-            timed=self.timed,
-        )
-        if access_log.isEnabledFor(logging.INFO):
-            access_log.info("%s", self._access_line(outcome, ttft, duration))
-        if self._metrics.tracer is not None:
-            self._span(outcome, ttft)
+        self._recorder.record(self.finished(outcome))
         return True
 
-    def _span(self, outcome: str, ttft: float | None) -> None:
-        usage = self.usage
-        attributes: dict[str, Any] = {
-            "gateway.alias": self.alias,
-            "gateway.provider": self.provider,
-            "gateway.model": self.model,
-            "gateway.outcome": outcome,
-            "gateway.attempts": self.context.attempts,
-            "http.response.status_code": self.status,
-            "gen_ai.usage.input_tokens": usage.input_tokens or 0,
-            "gen_ai.usage.output_tokens": usage.output_tokens or 0,
-            "gateway.usage.cache_read_input_tokens": usage.cache_read_input_tokens or 0,
-            "gateway.usage.cache_creation_input_tokens": usage.cache_creation_input_tokens or 0,
-            "gateway.request_id": self.context.request_id,
-        }
-        if ttft is not None:
-            attributes["gateway.time_to_first_token_ms"] = round(ttft * 1000, 3)
-        span = self._metrics.tracer.start_span(
-            f"messages {self.alias}", start_time=self.started_ns, attributes=attributes
-        )
-        span.end()
-
-    def _access_line(self, outcome: str, ttft: float | None, duration: float) -> str:
-        context = self.context
-        return access_line(
+    def finished(self, outcome: str) -> Finished:
+        context, usage = self.context, self.usage
+        key = context.key
+        price = self._metrics.price_of(self.model) if self._metrics.pricing else None
+        return Finished(
+            started_at=self.started_at,
+            started_ns=self.started_ns,
             request_id=context.request_id,
+            upstream_request_id=self.upstream_request_id,
             method=context.method,
             path=context.path,
-            status=self.status,
-            outcome=outcome,
-            duration=duration,
+            key_name=key.name if key is not None else "",
+            team=key.team if key is not None else "",
+            user=key.user if key is not None else "",
             session_id=context.session_id,
             agent_id=context.agent_id,
-            upstream_request_id=self.upstream_request_id,
             alias=self.alias,
             provider=self.provider,
             model=self.model,
-            ttft=ttft,
-            usage=self.usage,
+            model_label=self.model_label,
+            stream=context.stream,
+            routed=bool(self.alias),
+            outcome=outcome,
+            status=self.status,
+            usage=usage,
+            cost_usd=None if price is None else cost_of(usage, price),
+            ttft=None if self.first_token_at is None else self.first_token_at - self.started,
+            duration=self._clock() - self.started,
             attempts=context.attempts,
-            key=context.key.name if context.key is not None else "",
+            timed=self.timed,
         )

@@ -1,0 +1,237 @@
+"""One place a finished request's usage goes out from: a ``Finished`` record, built once by the tally, handed to
+each sink — the Prometheus metrics, the access line, the span, the usage ledger (and the limiter's usage
+later). Each sink is one small class with one method; the fold stays pure (``gateway.fold``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+
+from gateway.events import Usage
+from gateway.store import LedgerRow
+
+if TYPE_CHECKING:
+    from gateway.ledger import Ledger
+    from gateway.metrics import Metrics
+
+__all__ = ["AccessLogSink", "Finished", "LedgerSink", "MetricsSink", "Recorder", "Sink", "SpanSink", "access_line"]
+
+access_log = logging.getLogger("gateway.access")
+"""One JSON line per request at INFO (``messages-gateway serve`` logs INFO; silence it with the logger's level)."""
+_encode_line = msgspec.json.Encoder().encode
+
+
+class Finished(msgspec.Struct, kw_only=True):
+    """Everything recorded of one request, once, when it ends."""
+
+    started_at: float  # UTC seconds since the epoch
+    started_ns: int  # for the span (0 when tracing is off)
+    request_id: str
+    upstream_request_id: str
+    method: str
+    path: str
+    key_name: str
+    team: str
+    user: str
+    session_id: str
+    agent_id: str
+    alias: str
+    provider: str
+    model: str  # the upstream model id asked for (pricing, the access line, the ledger)
+    model_label: str  # the configured target model, the metrics' label ("" when the client's name is forwarded)
+    stream: bool
+    routed: bool  # the request reached routing (it has a ledger row)
+    outcome: str
+    status: int
+    usage: Usage
+    cost_usd: float | None
+    ttft: float | None  # seconds
+    duration: float  # seconds
+    attempts: int
+    timed: bool  # observe the latency histograms (not for a token count)
+
+
+class Sink(Protocol):
+    def record(self, finished: Finished) -> None: ...
+
+
+class MetricsSink:
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def record(self, finished: Finished) -> None:
+        self._metrics.record_request(
+            alias=finished.alias,
+            provider=finished.provider,
+            model=finished.model_label,
+            outcome=finished.outcome,
+            usage=finished.usage,
+            duration=finished.duration,
+            time_to_first_token=finished.ttft,
+            timed=finished.timed,
+            cost=finished.cost_usd,
+        )
+
+
+def access_line(
+    *,
+    request_id: str,
+    method: str,
+    path: str,
+    status: int,
+    outcome: str,
+    duration: float,
+    session_id: str = "",
+    agent_id: str = "",
+    upstream_request_id: str = "",
+    alias: str = "",
+    provider: str = "",
+    model: str = "",
+    ttft: float | None = None,
+    usage: Usage | None = None,
+    attempts: int = 0,
+    key: str = "",
+) -> str:
+    """One request as one JSON object, the same keys for every route: no prompt text, no keys (``key`` is the
+    name of the client key that authenticated the request, "" for none), nothing from the client but its model
+    name, method, path and Claude Code's session and agent ids."""
+    usage = usage or Usage()
+    return _encode_line(
+        {
+            "request_id": request_id,
+            "upstream_request_id": upstream_request_id,
+            "key": key,
+            "method": method,
+            "path": path,
+            "alias": alias,
+            "provider": provider,
+            "model": model,
+            "status": status,
+            "outcome": outcome,
+            "ttft_ms": None if ttft is None else round(ttft * 1000, 2),
+            "duration_ms": round(duration * 1000, 2),
+            "input_tokens": usage.input_tokens or 0,
+            "output_tokens": usage.output_tokens or 0,
+            "cache_read_input_tokens": usage.cache_read_input_tokens or 0,
+            "cache_creation_input_tokens": usage.cache_creation_input_tokens or 0,
+            "attempts": attempts,
+            "session_id": session_id,
+            "agent_id": agent_id,
+        }
+    ).decode()
+
+
+class AccessLogSink:
+    def record(self, finished: Finished) -> None:
+        if access_log.isEnabledFor(logging.INFO):
+            f = finished
+            access_log.info(
+                "%s",
+                access_line(
+                    request_id=f.request_id,
+                    method=f.method,
+                    path=f.path,
+                    status=f.status,
+                    outcome=f.outcome,
+                    duration=f.duration,
+                    session_id=f.session_id,
+                    agent_id=f.agent_id,
+                    upstream_request_id=f.upstream_request_id,
+                    alias=f.alias,
+                    provider=f.provider,
+                    model=f.model,
+                    ttft=f.ttft,
+                    usage=f.usage,
+                    attempts=f.attempts,
+                    key=f.key_name,
+                ),
+            )
+
+
+class SpanSink:
+    """One OpenTelemetry span per request, when ``server.tracing`` gave the metrics a tracer."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def record(self, finished: Finished) -> None:
+        tracer = self._metrics.tracer
+        if tracer is None:
+            return
+        f, usage = finished, finished.usage
+        attributes: dict[str, Any] = {
+            "gateway.alias": f.alias,
+            "gateway.provider": f.provider,
+            "gateway.model": f.model,
+            "gateway.outcome": f.outcome,
+            "gateway.attempts": f.attempts,
+            "http.response.status_code": f.status,
+            "gen_ai.usage.input_tokens": usage.input_tokens or 0,
+            "gen_ai.usage.output_tokens": usage.output_tokens or 0,
+            "gateway.usage.cache_read_input_tokens": usage.cache_read_input_tokens or 0,
+            "gateway.usage.cache_creation_input_tokens": usage.cache_creation_input_tokens or 0,
+            "gateway.request_id": f.request_id,
+        }
+        if f.ttft is not None:
+            attributes["gateway.time_to_first_token_ms"] = round(f.ttft * 1000, 3)
+        tracer.start_span(f"messages {f.alias}", start_time=f.started_ns, attributes=attributes).end()
+
+
+def ledger_row(f: Finished) -> LedgerRow:
+    usage = f.usage
+    return LedgerRow(
+        started_ms=int(f.started_at * 1000),
+        request_id=f.request_id,
+        upstream_request_id=f.upstream_request_id,
+        key_name=f.key_name,
+        team=f.team,
+        user=f.user,
+        session_id=f.session_id,
+        agent_id=f.agent_id,
+        alias=f.alias,
+        provider=f.provider,
+        model=f.model,
+        stream=f.stream,
+        outcome=f.outcome,
+        status=f.status,
+        input_tokens=usage.input_tokens or 0,
+        output_tokens=usage.output_tokens or 0,
+        cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+        cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+        cost_usd=f.cost_usd,
+        ttft_ms=None if f.ttft is None else round(f.ttft * 1000, 3),
+        duration_ms=round(f.duration * 1000, 3),
+        attempts=f.attempts,
+    )
+
+
+class LedgerSink:
+    """A row for every request that reached routing, whatever its outcome."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def record(self, finished: Finished) -> None:
+        if finished.routed:
+            self.ledger.add(ledger_row(finished))
+
+
+class Recorder:
+    """The sinks a finished request goes to, in order."""
+
+    def __init__(self, sinks: Sequence[Sink]) -> None:
+        self.sinks = tuple(sinks)
+
+    @classmethod
+    def default(cls, metrics: Metrics, ledger: Ledger | None = None) -> Recorder:
+        sinks: list[Sink] = [MetricsSink(metrics), AccessLogSink(), SpanSink(metrics)]
+        if ledger is not None:
+            sinks.append(LedgerSink(ledger))
+        return cls(sinks)
+
+    def record(self, finished: Finished) -> None:
+        for sink in self.sinks:
+            sink.record(finished)
