@@ -172,6 +172,7 @@ def create_app(
         if not gateway.keys:
             log.warning("auth.open: true: the gateway serves requests without a key")
         app.state.gateway = gateway
+        gateway.start()
         watcher = None
         if config_path is not None and watch_interval_s:
             watcher = asyncio.get_running_loop().create_task(gateway.watch(watch_interval_s))

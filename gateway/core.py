@@ -5,6 +5,7 @@ a ``Gateway``; nothing here knows of HTTP routes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,16 +14,32 @@ from typing import Any
 from adapters import Adapter
 from gateway.context import DRAIN_CANCEL, RequestContext
 from gateway.edge import ClientKey
+from gateway.ledger import Ledger
 from gateway.metrics import Metrics
+from gateway.recording import Recorder
 from gateway.resilience import Resilience
 from gateway.routing import RouteTable
 from gateway.runtime import Runtime, build_runtime
-from gateway.settings import ConfigError, Settings, load_settings
+from gateway.settings import ConfigError, Settings, StoreSettings, load_settings
+from gateway.store import open_store
 from gateway.tracing import request_tracer
 from gateway.upstream import HttpClient
 from gateway.usage import Outcome
 
 __all__ = ["BreakerCollector", "Gateway"]
+
+
+def _ledger(settings: StoreSettings, metrics: Metrics) -> Ledger | None:
+    if not settings.enabled:
+        return None
+    store = open_store(settings.resolved_url())
+    return Ledger(
+        store,
+        metrics,
+        flush_interval_s=settings.flush_interval_s,
+        max_queue=settings.max_queue_rows,
+        retention_days=settings.retention_days,
+    )
 
 log = logging.getLogger("gateway")
 
@@ -57,6 +74,9 @@ class Gateway:
         self.runtime = build_runtime(settings, client, metrics, resilience)
         self._adopt(self.runtime)
         metrics.registry.register(BreakerCollector(self))
+        self.ledger = _ledger(settings.store, metrics)  # process-wide: a reload does not move it
+        self.recorder = Recorder.default(metrics, self.ledger)  # where every finished request is recorded
+        self._ledger_task: asyncio.Task[None] | None = None
 
     # the current runtime's parts, for the routes that read one of them once (a request that reads several
     # takes `runtime` itself)
@@ -185,7 +205,18 @@ class Gateway:
             context.cancel_outcome = Outcome.TIMEOUT  # the drain timeout ran out
             task.cancel(DRAIN_CANCEL)
 
+    def start(self) -> None:
+        """Background work of a serving process: the ledger's writer."""
+        if self.ledger is not None and self._ledger_task is None:
+            self._ledger_task = asyncio.get_running_loop().create_task(self.ledger.run())
+
     async def aclose(self) -> None:
+        if self._ledger_task is not None:
+            self._ledger_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ledger_task
+        if self.ledger is not None:  # what is queued is written before the process goes
+            await self.ledger.aclose(within=max(5.0, self.settings.server.drain_timeout_s))
         for task in list(self._tasks):
             task.cancel()
         for runtime in [*self._retired, self.runtime]:

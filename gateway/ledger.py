@@ -64,6 +64,7 @@ class Ledger:
         self._dropped_unlogged = 0
         self.failures = 0  # consecutive failed writes (the back-off's exponent)
         self._last_prune = 0.0
+        self._opened = False  # the store is opened (and migrated) by the first flush, and again after a failure
 
     @property
     def depth(self) -> int:
@@ -86,6 +87,19 @@ class Ledger:
             self._lock = asyncio.Lock()
         async with self._lock:
             self._log_dropped()
+            if not self._opened:
+                try:
+                    await self.store.open()
+                except StoreError as exc:
+                    self.failures += 1
+                    log.warning(
+                        "usage ledger: the store %s cannot be opened (%s); %d rows queued",
+                        _safe(self.store.url),
+                        exc,
+                        self.depth,
+                    )
+                    return False
+                self._opened = True
             while self._queue:
                 batch = [self._queue[i] for i in range(min(self._batch, len(self._queue)))]
                 try:
@@ -155,4 +169,14 @@ class Ledger:
             self._dropped_unlogged += len(self._queue)
             self._queue.clear()
             self._log_dropped()
-        await self.store.aclose()
+        if self._opened:
+            await self.store.aclose()
+
+
+def _safe(url: str) -> str:
+    """A store URL without its password, for the log."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    return f"{scheme}{sep}{credentials.split(':', 1)[0]}:***@{host}"

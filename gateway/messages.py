@@ -162,7 +162,7 @@ def _tally(gw: Gateway, runtime: Runtime, scope: Scope, headers: Mapping[str, st
         agent_id=headers.get("x-claude-code-agent-id", ""),
         runtime=runtime,
     )
-    return UsageTally(gw.metrics, alias="", context=context)
+    return UsageTally(gw.metrics, alias="", context=context, recorder=gw.recorder)
 
 
 async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: Send, *, count: bool = False) -> None:

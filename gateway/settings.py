@@ -37,6 +37,7 @@ __all__ = [
     "RetrySettings",
     "ServerSettings",
     "Settings",
+    "StoreSettings",
     "TargetConfig",
     "TimeoutSettings",
     "VertexProvider",
@@ -290,6 +291,30 @@ class Price(_Strict, frozen=True, kw_only=True):
     cache_creation: NonNegativeFloat = 0.0
 
 
+class StoreSettings(_Strict, frozen=True, kw_only=True):
+    """The usage ledger: one row per routed request. ``url``: ``sqlite:///path.db`` (relative to the working
+    directory; ``sqlite:////abs/path.db``), ``postgresql://user:${PGPASSWORD}@host/db`` (``pip install
+    'messages-gateway[postgres]'``) or ``memory://``; unset: ``sqlite:///$MESSAGES_GATEWAY_DATA_DIR/ledger.db``,
+    ``data/ledger.db`` without the variable. Read at start-up: a reload does not move the ledger."""
+
+    enabled: bool = True
+    url: str | None = None
+    retention_days: Annotated[int, msgspec.Meta(ge=1)] = 400
+    flush_interval_s: PositiveFloat = 1.0
+    max_queue_rows: Annotated[int, msgspec.Meta(ge=1)] = 100_000
+
+    def __post_init__(self) -> None:
+        if self.url is not None and not self.url.startswith(
+            ("sqlite:///", "postgresql://", "postgres://", "memory://")
+        ):
+            raise ValueError("store.url: use sqlite:///path.db, postgresql://… or memory://")
+
+    def resolved_url(self) -> str:
+        if self.url is not None:
+            return self.url
+        return f"sqlite:///{os.environ.get('MESSAGES_GATEWAY_DATA_DIR') or 'data'}/ledger.db"
+
+
 class Settings(_Strict, frozen=True, kw_only=True):
     server: ServerSettings = ServerSettings()
     auth: AuthSettings = AuthSettings()
@@ -298,6 +323,7 @@ class Settings(_Strict, frozen=True, kw_only=True):
     providers: dict[str, ProviderConfig] = {}
     models: dict[str, ModelRoute] = {}
     pricing: dict[str, Price] = {}  # upstream model id (globs allowed, first match in file order) -> price
+    store: StoreSettings = StoreSettings()
 
     def __post_init__(self) -> None:
         if not self.auth.keys and not self.auth.open:

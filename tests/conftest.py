@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +24,10 @@ from gateway.pipeline import Resilience
 from gateway.server import PROTOCOL
 from gateway.settings import Settings, parse_settings
 from tests.fakes.claude_api import FakeClaudeAPI
+
+# The usage ledger's default SQLite file (store.url unset) of every gateway the tests start, in process or as a
+# subprocess: in a temporary directory, never in the checkout.
+os.environ.setdefault("MESSAGES_GATEWAY_DATA_DIR", tempfile.mkdtemp(prefix="gateway-test-data-"))
 
 
 @dataclass
