@@ -21,6 +21,7 @@ from gateway.errors import GatewayError, new_request_id
 from gateway.messages import messages_endpoint, method_not_allowed, send_error
 from gateway.metrics import Metrics
 from gateway.pages import PAGE_HANDLERS
+from gateway.reports import REPORT_HANDLERS
 from gateway.resilience import Resilience
 from gateway.server import HeaderLimits
 from gateway.settings import Settings
@@ -190,7 +191,7 @@ def create_app(
 
     return GatewayApp(
         Litestar(
-            route_handlers=[*HANDLERS, *STATUS_HANDLERS, *PAGE_HANDLERS],
+            route_handlers=[*HANDLERS, *STATUS_HANDLERS, *PAGE_HANDLERS, *REPORT_HANDLERS],
             lifespan=[lifespan],
             exception_handlers=exception_handlers,
             request_max_body_size=None,

@@ -24,6 +24,7 @@ from gateway.pipeline import Resilience
 from gateway.server import PROTOCOL
 from gateway.settings import Settings, parse_settings
 from tests.fakes.claude_api import FakeClaudeAPI
+from tests.postgres import PostgresServer, find_bin_dir, start_postgres
 
 # The usage ledger's default SQLite file (store.url unset) of every gateway the tests start, in process or as a
 # subprocess: in a temporary directory, never in the checkout.
@@ -153,3 +154,21 @@ models:
 def gateway(fake_claude: FakeClaudeAPI) -> Iterator[RunningGateway]:
     with run_gateway(claude_config(fake_claude.base_url)) as gw:
         yield gw
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer | None]:
+    """A real PostgreSQL server for the session, or None where it is not installed (its tests skip, unless
+    ``MESSAGES_GATEWAY_REQUIRE_POSTGRES`` says it must be there, as ``.ci/run`` does)."""
+    if find_bin_dir() is None:
+        if os.environ.get("MESSAGES_GATEWAY_REQUIRE_POSTGRES"):
+            pytest.fail("PostgreSQL is required here (MESSAGES_GATEWAY_REQUIRE_POSTGRES) but not installed")
+        yield None
+        return
+    server = start_postgres()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+

@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PostgresServer", "find_bin_dir", "start_postgres"]
+__all__ = ["PostgresServer", "find_bin_dir", "new_database", "start_postgres"]
 
 
 def find_bin_dir() -> Path | None:
@@ -79,3 +79,15 @@ def start_postgres() -> PostgresServer:
         server.stop()
         raise RuntimeError(f"createdb failed: {created.stderr}")
     return server
+
+
+_NAMES = iter(range(1, 1_000_000))
+
+
+def new_database(server: PostgresServer) -> str:
+    """The URL of a new, empty database on ``server`` (one per test: no test sees another's rows)."""
+    name = f"t{next(_NAMES)}"
+    created = server._run("createdb", "-h", "127.0.0.1", "-p", str(server.port), "-U", server.user, name)
+    if created.returncode != 0:
+        raise RuntimeError(f"createdb failed: {created.stderr}")
+    return server.url.rsplit("/", 1)[0] + "/" + name

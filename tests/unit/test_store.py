@@ -4,36 +4,17 @@ server started for the session (``tests/postgres.py``)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gateway.store import SCHEMA_VERSION, LedgerRow, MemoryStore, Store, StoreError, UsageQuery, open_store
-from tests.postgres import PostgresServer, find_bin_dir, start_postgres
+from tests.postgres import PostgresServer, new_database
 
 HOUR = 3_600_000
 T0 = 1_764_547_200_000  # 2025-12-01T00:00:00Z
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer | None]:
-    if find_bin_dir() is None:
-        if os.environ.get("MESSAGES_GATEWAY_REQUIRE_POSTGRES"):
-            pytest.fail("PostgreSQL is required here (MESSAGES_GATEWAY_REQUIRE_POSTGRES) but not installed")
-        yield None
-        return
-    server = start_postgres()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-_DATABASES = iter(range(1, 10_000))
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgresql"])
@@ -44,10 +25,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path, postgres: Postgres
         return f"sqlite:///{tmp_path}/ledger.db"
     if postgres is None:
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
-    name = f"t{next(_DATABASES)}"
-    created = postgres._run("createdb", "-h", "127.0.0.1", "-p", str(postgres.port), "-U", postgres.user, name)
-    assert created.returncode == 0, created.stderr
-    return postgres.url.rsplit("/", 1)[0] + "/" + name
+    return new_database(postgres)
 
 
 def row(i: int, **fields: Any) -> LedgerRow:
@@ -169,9 +147,7 @@ def test_postgres_migrates_once_with_many_replicas_starting(postgres: PostgresSe
     """Replicas starting together: the advisory lock lets one create the schema; the others find it done."""
     if postgres is None:
         pytest.skip("PostgreSQL is not installed")
-    created = postgres._run("createdb", "-h", "127.0.0.1", "-p", str(postgres.port), "-U", postgres.user, "replicas")
-    assert created.returncode == 0, created.stderr
-    url = postgres.url.rsplit("/", 1)[0] + "/replicas"
+    url = new_database(postgres)
 
     async def go() -> list[int]:
         stores = [open_store(url) for _ in range(4)]
