@@ -6,6 +6,7 @@ import argparse
 import logging
 import math
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -77,6 +78,10 @@ def serving_warnings(
     return notes
 
 
+def _stopped(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -95,6 +100,9 @@ def _serve(args: argparse.Namespace) -> int:
     log.info("serving %s on http://%s:%d (%d worker%s)", path, host, port, workers, "" if workers == 1 else "s")
     for note in serving_warnings(workers):
         log.warning("%s", note)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it found here: a
+    # stop that drained is a clean exit (status 0, what `docker stop` / Kubernetes expect), not a death by signal
+    signal.signal(signal.SIGTERM, _stopped)
     uvicorn.run(
         "gateway.cli:app_from_env",
         factory=True,

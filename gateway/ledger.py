@@ -134,6 +134,7 @@ class Ledger:
         """The background writer: a flush every interval (or when a batch is full), back-off while failing, and
         the retention prune once an hour."""
         self._wake = asyncio.Event()
+        await self.flush()  # opens the store (and creates or migrates its schema) at start-up
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._backoff()):
