@@ -75,7 +75,8 @@ class Gateway:
         self._adopt(self.runtime)
         metrics.registry.register(BreakerCollector(self))
         self.ledger = _ledger(settings.store, metrics)  # process-wide: a reload does not move it
-        self.recorder = Recorder.default(metrics, self.ledger)  # where every finished request is recorded
+        # where every finished request is recorded
+        self.recorder = Recorder.default(metrics, self.ledger, key_labels=settings.metrics.labels)
         self._ledger_task: asyncio.Task[None] | None = None
 
     # the current runtime's parts, for the routes that read one of them once (a request that reads several

@@ -17,7 +17,17 @@ if TYPE_CHECKING:
     from gateway.ledger import Ledger
     from gateway.metrics import Metrics
 
-__all__ = ["AccessLogSink", "Finished", "LedgerSink", "MetricsSink", "Recorder", "Sink", "SpanSink", "access_line"]
+__all__ = [
+    "AccessLogSink",
+    "Finished",
+    "KeyMetricsSink",
+    "LedgerSink",
+    "MetricsSink",
+    "Recorder",
+    "Sink",
+    "SpanSink",
+    "access_line",
+]
 
 access_log = logging.getLogger("gateway.access")
 """One JSON line per request at INFO (``messages-gateway serve`` logs INFO; silence it with the logger's level)."""
@@ -74,6 +84,38 @@ class MetricsSink:
             timed=finished.timed,
             cost=finished.cost_usd,
         )
+
+
+class KeyMetricsSink:
+    """Requests, tokens and cost per client key and/or team (``metrics.labels``), in their own families so the
+    default series stay as they are."""
+
+    def __init__(self, metrics: Metrics, labels: Sequence[str]) -> None:
+        from prometheus_client import Counter
+
+        self._labels = tuple(labels)
+        registry = metrics.registry
+        names = list(self._labels)
+        self.requests = Counter(
+            "gateway_key_requests", "Requests per client key/team.", [*names, "outcome"], registry=registry
+        )
+        self.tokens = Counter("gateway_key_tokens", "Tokens per client key/team.", [*names, "type"], registry=registry)
+        self.cost = Counter("gateway_key_cost_usd", "Cost per client key/team.", names, registry=registry)
+
+    def record(self, finished: Finished) -> None:
+        values = [finished.key_name if label == "key" else finished.team for label in self._labels]
+        self.requests.labels(*values, finished.outcome).inc()
+        usage = finished.usage
+        for kind, count in (
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+            ("cache_read", usage.cache_read_input_tokens),
+            ("cache_creation", usage.cache_creation_input_tokens),
+        ):
+            if count:
+                self.tokens.labels(*values, kind).inc(count)
+        if finished.cost_usd:
+            self.cost.labels(*values).inc(finished.cost_usd)
 
 
 def access_line(
@@ -226,8 +268,10 @@ class Recorder:
         self.sinks = tuple(sinks)
 
     @classmethod
-    def default(cls, metrics: Metrics, ledger: Ledger | None = None) -> Recorder:
+    def default(cls, metrics: Metrics, ledger: Ledger | None = None, *, key_labels: Sequence[str] = ()) -> Recorder:
         sinks: list[Sink] = [MetricsSink(metrics), AccessLogSink(), SpanSink(metrics)]
+        if key_labels:
+            sinks.append(KeyMetricsSink(metrics, key_labels))
         if ledger is not None:
             sinks.append(LedgerSink(ledger))
         return cls(sinks)

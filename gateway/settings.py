@@ -29,6 +29,7 @@ __all__ = [
     "ConfigError",
     "EntraSettings",
     "FoundryProvider",
+    "MetricsSettings",
     "MockProvider",
     "ModelRoute",
     "Price",
@@ -315,6 +316,18 @@ class StoreSettings(_Strict, frozen=True, kw_only=True):
         return f"sqlite:///{os.environ.get('MESSAGES_GATEWAY_DATA_DIR') or 'data'}/ledger.db"
 
 
+class MetricsSettings(_Strict, frozen=True, kw_only=True):
+    """``labels``: also count requests, tokens and cost per client key and/or team
+    (``gateway_key_requests_total``, ``gateway_key_tokens_total``, ``gateway_key_cost_usd_total``). Off by
+    default: every key is a label value, so the series grow with the keys. Read at start-up."""
+
+    labels: list[Literal["key", "team"]] = []
+
+    def __post_init__(self) -> None:
+        if len(set(self.labels)) != len(self.labels):
+            raise ValueError("metrics.labels: each of key and team at most once")
+
+
 class Settings(_Strict, frozen=True, kw_only=True):
     server: ServerSettings = ServerSettings()
     auth: AuthSettings = AuthSettings()
@@ -324,6 +337,7 @@ class Settings(_Strict, frozen=True, kw_only=True):
     models: dict[str, ModelRoute] = {}
     pricing: dict[str, Price] = {}  # upstream model id (globs allowed, first match in file order) -> price
     store: StoreSettings = StoreSettings()
+    metrics: MetricsSettings = MetricsSettings()
 
     def __post_init__(self) -> None:
         if not self.auth.keys and not self.auth.open:

@@ -206,3 +206,20 @@ def test_buckets_pages_and_csv(gw: RunningGateway) -> None:
     assert csv.headers["content-type"].startswith("text/csv")
     lines = csv.text.strip().splitlines()
     assert lines[0].startswith("starting_at,ending_at,uncached_input_tokens") and len(lines) == 1 + 5
+
+
+def test_metrics_labels_count_per_key_and_team_when_asked(fake: FakeClaudeAPI, tmp_path: Any) -> None:
+    """``metrics: {labels: [key, team]}``: requests, tokens and cost per key and team in their own families;
+    without it, no such series at all."""
+    text = config(fake.base_url, f"sqlite:///{tmp_path}/l.db") + "metrics: {labels: [key, team]}\n"
+    with run_gateway(text) as labelled:
+        saw = drive(labelled)
+        alice = sum((u for (key, _), u in saw.items() if key == "alice"), Counter())
+        assert labelled.sample("gateway_key_tokens_total", key="alice", team="payments", type="input") == (
+            alice["input_tokens"]
+        )
+        assert labelled.sample("gateway_key_requests_total", key="carol", team="infra", outcome="completed") == 1
+        assert labelled.sample("gateway_key_cost_usd_total", key="bob", team="payments") > 0
+    with run_gateway(config(fake.base_url, f"sqlite:///{tmp_path}/m.db")) as plain:
+        drive(plain)
+        assert not any(m.name.startswith("gateway_key_") for m in plain.metrics.registry.collect())
