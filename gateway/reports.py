@@ -188,7 +188,8 @@ def _usage_result(t: Totals, group_by: tuple[str, ...]) -> dict[str, Any]:
         result[api_name] = dims.get(column) if api_name in group_by else None
     for name in _NULL_FIELDS:
         result[name] = None
-    result["requests"] = t.requests  # the gateway's own: requests in the group
+    result["requests"] = t.requests  # the gateway's own: requests in the group, and their cost (None: unpriced)
+    result["cost_usd"] = t.cost_usd
     return result
 
 

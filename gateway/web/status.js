@@ -93,11 +93,121 @@ async function refresh() {
       ...TOKEN_TYPES.flatMap(([key, label]) => [el("dt", label), el("dd", totals[key], { "data-total": key })]),
     );
     $("aliases").replaceChildren(...body.aliases.map(aliasSection));
+    await refreshUsage(headers);
     $("status-error").hidden = true;
     $("updated").textContent = `Updated ${new Date().toLocaleTimeString()}`;
   } catch (e) {
     $("status-error").textContent = `Could not read the status: ${e.message}`;
     $("status-error").hidden = false;
+  }
+}
+
+// --- Usage: the ledger's reports (GET /v1/organizations/usage_report/messages), per team and key, today and
+// this month, and a bar per day of the last 30 days, drawn here as SVG.
+
+const DAY = 86_400_000;
+const SVG = "http://www.w3.org/2000/svg";
+
+function isoDay(ms) {
+  return new Date(ms).toISOString().slice(0, 10) + "T00:00:00Z";
+}
+
+async function report(params, headers) {
+  const query = new URLSearchParams();
+  for (const [name, value] of params) query.append(name, value);
+  const response = await fetch(`/v1/organizations/usage_report/messages?${query}`, { headers });
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.error ? `${body.error.type}: ${body.error.message}` : response.statusText);
+  return body;
+}
+
+function sums(buckets, field) {
+  const out = new Map();
+  for (const bucket of buckets) {
+    for (const r of bucket.results) {
+      const name = r[field] || "(none)";
+      const s = out.get(name) || { input: 0, output: 0, cost: 0, requests: 0 };
+      s.input += r.uncached_input_tokens + r.cache_read_input_tokens + r.cache_creation.ephemeral_5m_input_tokens;
+      s.output += r.output_tokens;
+      s.cost += r.cost_usd || 0;
+      s.requests += r.requests;
+      out.set(name, s);
+    }
+  }
+  return out;
+}
+
+function usageTable(table, caption, today, month) {
+  const head = el("tr");
+  for (const title of [caption, "Requests today", "Tokens today", "Cost today", "Requests this month", "Tokens this month", "Cost this month"]) {
+    head.append(el("th", title, { scope: "col" }));
+  }
+  const thead = el("thead");
+  thead.append(head);
+  const body = el("tbody");
+  const zero = { input: 0, output: 0, cost: 0, requests: 0 };
+  for (const name of [...month.keys()].sort()) {
+    const t = today.get(name) || zero;
+    const m = month.get(name);
+    const row = el("tr", null, { "data-name": name });
+    row.append(
+      el("th", name, { scope: "row" }),
+      el("td", t.requests, { "data-cell": "requests-today" }),
+      el("td", t.input + t.output, { "data-cell": "tokens-today" }),
+      el("td", `$${t.cost.toFixed(4)}`, { "data-cell": "cost-today" }),
+      el("td", m.requests, { "data-cell": "requests-month" }),
+      el("td", m.input + m.output, { "data-cell": "tokens-month" }),
+      el("td", `$${m.cost.toFixed(4)}`, { "data-cell": "cost-month" }),
+    );
+    body.append(row);
+  }
+  table.replaceChildren(el("caption", `Per ${caption.toLowerCase()}`), thead, body);
+}
+
+function chart(buckets) {
+  const svg = $("usage-chart");
+  const totals = buckets.map((b) => b.results.reduce((n, r) => n + r.uncached_input_tokens + r.output_tokens + r.cache_read_input_tokens + r.cache_creation.ephemeral_5m_input_tokens, 0));
+  const most = Math.max(1, ...totals);
+  const width = 620 / Math.max(1, buckets.length);
+  svg.replaceChildren(
+    ...buckets.map((bucket, i) => {
+      const bar = document.createElementNS(SVG, "rect");
+      const height = Math.round((totals[i] / most) * 150);
+      bar.setAttribute("x", (i * width + 1).toFixed(1));
+      bar.setAttribute("width", Math.max(1, width - 2).toFixed(1));
+      bar.setAttribute("y", 155 - height);
+      bar.setAttribute("height", height);
+      bar.setAttribute("class", "bar");
+      bar.dataset.day = bucket.starting_at.slice(0, 10);
+      bar.dataset.tokens = totals[i];
+      const title = document.createElementNS(SVG, "title");
+      title.textContent = `${bar.dataset.day}: ${totals[i]} tokens`;
+      bar.append(title);
+      return bar;
+    }),
+  );
+}
+
+async function refreshUsage(headers) {
+  const today = Math.floor(Date.now() / DAY) * DAY;
+  const first = new Date(today);
+  const month = Date.UTC(first.getUTCFullYear(), first.getUTCMonth(), 1);
+  const end = isoDay(today + DAY);
+  const window = (start, group) => [["starting_at", isoDay(start)], ["ending_at", end], ["bucket_width", "1d"], ["limit", "31"], ...(group ? [["group_by[]", group]] : [])];
+  try {
+    const [teams, keys, days] = await Promise.all([
+      report(window(month, "workspace_id"), headers),
+      report(window(month, "api_key_id"), headers),
+      report(window(today - 29 * DAY), headers),
+    ]);
+    const last = (body) => body.data.slice(-1);
+    usageTable($("usage-teams"), "Team", sums(last(teams), "workspace_id"), sums(teams.data, "workspace_id"));
+    usageTable($("usage-keys"), "Key", sums(last(keys), "api_key_id"), sums(keys.data, "api_key_id"));
+    chart(days.data);
+    $("usage-note").hidden = true;
+  } catch (e) {
+    $("usage-note").textContent = `No usage to show: ${e.message}`;
+    $("usage-note").hidden = false;
   }
 }
 

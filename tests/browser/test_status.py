@@ -3,6 +3,7 @@ and token totals equal to the gateway's metrics, redrawn live as requests are se
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -99,3 +100,71 @@ models:
         fine = page.locator("section.alias[data-alias='fine'] tbody tr").first
         assert fine.get_attribute("data-state") == "closed"
         assert fine.locator("td").nth(1).inner_text() == "healthy"
+
+
+def test_the_usage_view_shows_teams_keys_and_thirty_days(page: Any, fake_claude: FakeClaudeAPI, tmp_path: Any) -> None:
+    """Tokens and cost per team and per key for today and this month, and a bar per day of the last 30 days,
+    from the ledger's usage report; the numbers are the report's."""
+    config = f"""
+auth:
+  keys:
+    - {{name: alice, key: sk-alice, team: payments}}
+    - {{name: bob, key: sk-bob, team: payments}}
+    - {{name: carol, key: sk-carol, team: infra}}
+admin: {{keys: [sk-admin]}}
+store: {{url: "sqlite:///{tmp_path}/ledger.db"}}
+providers:
+  upstream: {{kind: anthropic, api_key: provider-key, base_url: "{fake_claude.base_url}"}}
+models:
+  "*": {{targets: [{{provider: upstream}}]}}
+pricing:
+  "fake-*": {{input: 3, output: 15}}
+"""
+    with run_gateway(config) as gw:
+        for key, n in (("sk-alice", 2), ("sk-bob", 1), ("sk-carol", 1)):
+            for _ in range(n):
+                answer = httpx.post(
+                    f"{gw.url}/v1/messages", json={"model": "fake-text", **ASK}, headers={"x-api-key": key}
+                )
+                assert answer.status_code == 200
+        page.goto(f"{gw.url}/status")
+        page.fill("#key", "sk-admin")
+        page.dispatch_event("#key", "change")
+        page.wait_for_selector("#usage-teams tr[data-name='payments']")
+        today = time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime())
+        by_team = httpx.get(
+            f"{gw.url}/v1/organizations/usage_report/messages",
+            params={
+                "starting_at": today,
+                "ending_at": time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime(time.time() + 86_400)),
+                "group_by[]": "workspace_id",
+            },
+            headers={"x-api-key": "sk-admin"},
+        ).json()
+        for result in by_team["data"][-1]["results"]:
+            row = page.locator(f"#usage-teams tr[data-name='{result['workspace_id']}']")
+            tokens = (
+                result["uncached_input_tokens"]
+                + result["cache_read_input_tokens"]
+                + result["cache_creation"]["ephemeral_5m_input_tokens"]
+                + result["output_tokens"]
+            )
+            assert row.locator("[data-cell='requests-today']").inner_text() == str(result["requests"])
+            assert row.locator("[data-cell='tokens-today']").inner_text() == str(tokens)
+            assert row.locator("[data-cell='tokens-month']").inner_text() == str(tokens)
+            assert row.locator("[data-cell='cost-today']").inner_text() == f"${result['cost_usd']:.4f}"
+        requests = page.locator("#usage-teams tbody [data-cell='requests-today']").all_inner_texts()
+        assert sorted(requests) == ["1", "3"]  # infra: carol; payments: alice twice and bob
+        assert page.locator("#usage-keys tbody tr").evaluate_all("(rows) => rows.map((r) => r.dataset.name)") == [
+            "alice",
+            "bob",
+            "carol",
+        ]
+        bars = page.locator("#usage-chart rect.bar")
+        assert bars.count() == 30
+        assert bars.nth(29).get_attribute("data-day") == today[:10]
+        assert int(bars.nth(29).get_attribute("data-tokens") or 0) > 0
+        assert all(int(bars.nth(i).get_attribute("data-tokens") or 0) == 0 for i in range(29))
+        assert page.is_hidden("#usage-note")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "status-usage.png"), full_page=True)
