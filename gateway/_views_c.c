@@ -158,8 +158,61 @@ static const unsigned char *skip_value(const unsigned char *p, const unsigned ch
     return NULL;
 }
 
+/* The named results, PyStructSequence types (tuples with named fields, like os.stat_result): created by the
+ * exec slot into the module's state (so each module object, and each interpreter, has its own) and exposed as
+ * module attributes. */
+typedef struct {
+    PyTypeObject *ScannedViews, *SplitSse;
+} ModuleState;
+
+static ModuleState *module_state(PyObject *module) { return (ModuleState *)PyModule_GetState(module); }
+
+static PyStructSequence_Field scanned_views_fields[] = {
+    {"views", "one item per event: the cached view of a delta of the common shape, else None"},
+    {"rest", "the events answered None, as one JSON array; None when there are none"},
+    {"misses", "(position, prefix) for each of those, in order; prefix None for an event not of the shape"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc scanned_views_desc = {
+    "gateway._views_c.ScannedViews", "What scan_views() answers: the cached views and the events left over.",
+    scanned_views_fields, 3,
+};
+
+static PyStructSequence_Field split_sse_fields[] = {
+    {"events", "the event lines, joined by \\n"},
+    {"array", "the data of every frame as one JSON array"},
+    {"frame_count", "the number of frames"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc split_sse_desc = {
+    "gateway._views_c.SplitSse", "What split_sse() answers: a block of canonical SSE frames split.",
+    split_sse_fields, 3,
+};
+
+/* A new ``type`` (a PyStructSequence type of ``n`` fields) holding ``items``, each stolen; NULL, every item
+ * released, when one of them is NULL (its creation failed) or on error. */
+static PyObject *structseq_of(PyTypeObject *type, PyObject *const *items, Py_ssize_t n)
+{
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (items[i] == NULL)
+            goto fail;
+    if ((result = PyStructSequence_New(type)) == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyStructSequence_SET_ITEM(result, i, items[i]);
+    return result;
+
+fail:
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_XDECREF(items[i]);
+    return NULL;
+}
+
 PyDoc_STRVAR(scan_views_doc,
-"scan_views(array, cache, /) -> (views, rest, misses) | None\n\n"
+"scan_views(array, cache, /) -> ScannedViews(views, rest, misses) | None\n\n"
 "``array``: a JSON array of events, no whitespace between them. ``views``: one item per event, the view\n"
 "``cache`` holds for a delta of the common shape whose prefix (up to and including the comma after its\n"
 "delta type) is a key of it, else None. ``rest``: the events answered None, as one JSON array (None when\n"
@@ -324,7 +377,6 @@ static int check_scan_views_args(PyObject *const *args, Py_ssize_t nargs)
 
 static PyObject *scan_views(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)module;
     if (check_scan_views_args(args, nargs) < 0)
         return NULL;
     const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(args[0]);
@@ -336,9 +388,8 @@ static PyObject *scan_views(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (s.views != NULL && s.misses != NULL) {
         const int rc = scan_events(&s, base + 1, base + size - 1);
         if (rc > 0) { /* the result holds the two lists: ``view_scan_clear`` releases the walk's references */
-            PyObject *rest = rest_array(&s);
-            if (rest != NULL)
-                result = Py_BuildValue("(ONO)", s.views, rest, s.misses);
+            PyObject *items[] = {Py_NewRef(s.views), rest_array(&s), Py_NewRef(s.misses)};
+            result = structseq_of(module_state(module)->ScannedViews, items, 3);
         }
         else if (rc == 0) /* not an array this walk can split: msgspec decodes the whole of it */
             result = Py_NewRef(Py_None);
@@ -348,7 +399,7 @@ static PyObject *scan_views(PyObject *module, PyObject *const *args, Py_ssize_t 
 }
 
 PyDoc_STRVAR(split_sse_doc,
-"split_sse(block, /) -> (events, array, count) | None\n\n"
+"split_sse(block, /) -> SplitSse(events, array, frame_count) | None\n\n"
 "gateway.sse.split_canonical in C: for a block of frames each exactly ``event: <name>``, ``data: <json>``\n"
 "and a blank line (nothing after the last), the event lines joined by ``\\n``, the data as one JSON array and\n"
 "the frame count; None for any other block.");
@@ -406,7 +457,6 @@ static void write_split(const char *start, const char *end, char *e, char *a)
 
 static PyObject *split_sse(PyObject *module, PyObject *block)
 {
-    (void)module;
     if (!PyBytes_Check(block)) {
         PyErr_Format(PyExc_TypeError, "split_sse() argument must be bytes, not %.100s", Py_TYPE(block)->tp_name);
         return NULL;
@@ -423,7 +473,8 @@ static PyObject *split_sse(PyObject *module, PyObject *block)
         return NULL;
     }
     write_split(start, end, PyBytes_AS_STRING(events), PyBytes_AS_STRING(array));
-    return Py_BuildValue("(NNn)", events, array, sizes.count);
+    PyObject *items[] = {events, array, PyLong_FromSsize_t(sizes.count)};
+    return structseq_of(module_state(module)->SplitSse, items, 3);
 }
 
 
@@ -566,7 +617,37 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static int exec_module(PyObject *module)
+{
+    ModuleState *state = module_state(module);
+    if ((state->ScannedViews = PyStructSequence_NewType(&scanned_views_desc)) == NULL ||
+        (state->SplitSse = PyStructSequence_NewType(&split_sse_desc)) == NULL)
+        return -1;
+    if (PyModule_AddType(module, state->ScannedViews) < 0 || PyModule_AddType(module, state->SplitSse) < 0)
+        return -1;
+    return 0;
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    ModuleState *state = module_state(module);
+    Py_VISIT(state->ScannedViews);
+    Py_VISIT(state->SplitSse);
+    return 0;
+}
+
+static int module_clear(PyObject *module)
+{
+    ModuleState *state = module_state(module);
+    Py_CLEAR(state->ScannedViews);
+    Py_CLEAR(state->SplitSse);
+    return 0;
+}
+
+static void module_free(void *module) { module_clear((PyObject *)module); }
+
 static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, exec_module},
     {0, NULL},
 };
 
@@ -574,9 +655,12 @@ static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "gateway._views_c",
     .m_doc = "The partial decode of the commonest stream event, compiled (see gateway/events.py).",
-    .m_size = 0,
+    .m_size = sizeof(ModuleState),
     .m_methods = methods,
     .m_slots = slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
 };
 
 PyMODINIT_FUNC PyInit__views_c(void)
