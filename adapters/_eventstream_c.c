@@ -187,8 +187,50 @@ static inline uint32_t be32(const unsigned char *p)
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
 }
 
+/* The named results, PyStructSequence types (tuples with named fields, like os.stat_result): created by the
+ * exec slot into the module's state (so each module object, and each interpreter, has its own) and exposed as
+ * module attributes. */
+typedef struct {
+    PyTypeObject *ScanResult, *ChunkBatch;
+} ModuleState;
+
+static ModuleState *module_state(PyObject *module) { return (ModuleState *)PyModule_GetState(module); }
+
+/* A new ``type`` (a PyStructSequence type of ``n`` fields) holding ``items``, each stolen; NULL, every item
+ * released, when one of them is NULL (its creation failed) or on error. */
+static PyObject *structseq_of(PyTypeObject *type, PyObject *const *items, Py_ssize_t n)
+{
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (items[i] == NULL)
+            goto fail;
+    if ((result = PyStructSequence_New(type)) == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyStructSequence_SET_ITEM(result, i, items[i]);
+    return result;
+
+fail:
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_XDECREF(items[i]);
+    return NULL;
+}
+
+static PyStructSequence_Field scan_result_fields[] = {
+    {"payloads", "the payloads of the leading run of messages whose header block is the known one"},
+    {"frames", "every message from the first other one on, as (header bytes, payload)"},
+    {"offset", "the offset of the first byte not consumed"},
+    {"error", "None, or the message of the damage that stopped the walk"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc scan_result_desc = {
+    "adapters._eventstream_c.ScanResult", "What scan() answers: the complete messages of a buffer.",
+    scan_result_fields, 4,
+};
+
 PyDoc_STRVAR(scan_doc,
-"scan(buf, known, /) -> (payloads, frames, offset, error)\n\n"
+"scan(buf, known, /) -> ScanResult(payloads, frames, offset, error)\n\n"
 "The complete messages of ``buf`` from its start: the payloads of the leading run of messages whose\n"
 "header block equals ``known`` (bytes, or None for no such run), then every message from the first\n"
 "other one on as ``(header bytes, payload)``; the offset of the first byte not consumed; and None, or\n"
@@ -340,7 +382,6 @@ static int check_scan_args(PyObject *const *args, Py_ssize_t nargs)
 
 static PyObject *scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)module;
     if (check_scan_args(args, nargs) < 0)
         return NULL;
     PyObject *known = args[1];
@@ -361,7 +402,8 @@ static PyObject *scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(error);
         return NULL;
     }
-    return Py_BuildValue("(NNnN)", s.payloads, s.frames, offset, error);
+    PyObject *items[] = {s.payloads, s.frames, PyLong_FromSsize_t(offset), error};
+    return structseq_of(module_state(module)->ScanResult, items, 4);
 }
 
 /* ``name(data, value=0, /)``: the CRC-32 of ``data`` by ``crc``, continuing from ``value``. */
@@ -570,8 +612,22 @@ static PyObject *chunk_events(PyObject *module, PyObject *payloads)
 #define TYPE_HEAD_LENGTH (sizeof TYPE_HEAD - 1)
 #define MAX_NAME_LENGTH 64
 
+static PyStructSequence_Field chunk_batch_fields[] = {
+    {"array", "the events as one JSON array [e1,e2,...]"},
+    {"sse", "the events as canonical SSE, event: <name>\\ndata: <event>\\n\\n each"},
+    {"names", "their names, joined by \\n"},
+    {"last_at", "the offset of the last event in the array"},
+    {"last_frame_at", "the offset of the last event's frame in the SSE"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc chunk_batch_desc = {
+    "adapters._eventstream_c.ChunkBatch", "What chunk_batch() answers: a read of chunk payloads, as forwarded.",
+    chunk_batch_fields, 5,
+};
+
 PyDoc_STRVAR(chunk_batch_doc,
-"chunk_batch(payloads, /) -> (array, sse, names, last_at, last_frame_at) | None\n\n"
+"chunk_batch(payloads, /) -> ChunkBatch(array, sse, names, last_at, last_frame_at) | None\n\n"
 "For chunk payloads that ``chunk_events`` decodes, when every event begins ``{\"type\":\"<name>\"`` (name of\n"
 "1-64 characters of a-z and _) and holds no CR or LF: the events as one JSON array ``[e1,e2,...]``, as\n"
 "canonical SSE (``event: <name>\\ndata: <event>\\n\\n`` each), their names joined by ``\\n``, the offset of\n"
@@ -680,7 +736,6 @@ static int write_frames(ChunkBatchWork *b)
 
 static PyObject *chunk_batch(PyObject *module, PyObject *payloads)
 {
-    (void)module;
     if (check_payloads("chunk_batch", payloads) < 0)
         return NULL;
     ChunkBatchWork b = {.count = PyList_GET_SIZE(payloads)};
@@ -692,8 +747,12 @@ static PyObject *chunk_batch(PyObject *module, PyObject *payloads)
     int rc = locate_events(&b, payloads);
     if (rc > 0)
         rc = decode_events(&b);
-    if (rc > 0 && write_frames(&b) == 0)
-        result = Py_BuildValue("(OOOnn)", b.array, b.sse, b.names, b.events[b.count - 1].at, b.last_frame_at);
+    if (rc > 0 && write_frames(&b) == 0) {
+        PyObject *items[] = {b.array, b.sse, b.names, PyLong_FromSsize_t(b.events[b.count - 1].at),
+                             PyLong_FromSsize_t(b.last_frame_at)};
+        b.array = b.sse = b.names = NULL; /* the result's now */
+        result = structseq_of(module_state(module)->ChunkBatch, items, 5);
+    }
     else if (rc == 0) /* not of the shape: the caller takes the general path */
         result = Py_NewRef(Py_None);
     PyMem_Free(b.events);
@@ -720,8 +779,32 @@ static int exec_module(PyObject *module)
         PyModule_AddIntConstant(module, "MAX_PAYLOAD_LENGTH", MAX_PAYLOAD_LENGTH) < 0 ||
         PyModule_AddStringConstant(module, "CRC", CRC_NAME) < 0)
         return -1;
+    ModuleState *state = module_state(module);
+    if ((state->ScanResult = PyStructSequence_NewType(&scan_result_desc)) == NULL ||
+        (state->ChunkBatch = PyStructSequence_NewType(&chunk_batch_desc)) == NULL)
+        return -1;
+    if (PyModule_AddType(module, state->ScanResult) < 0 || PyModule_AddType(module, state->ChunkBatch) < 0)
+        return -1;
     return 0;
 }
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    ModuleState *state = module_state(module);
+    Py_VISIT(state->ScanResult);
+    Py_VISIT(state->ChunkBatch);
+    return 0;
+}
+
+static int module_clear(PyObject *module)
+{
+    ModuleState *state = module_state(module);
+    Py_CLEAR(state->ScanResult);
+    Py_CLEAR(state->ChunkBatch);
+    return 0;
+}
+
+static void module_free(void *module) { module_clear((PyObject *)module); }
 
 static PyModuleDef_Slot slots[] = {
     {Py_mod_exec, exec_module},
@@ -732,9 +815,12 @@ static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "adapters._eventstream_c",
     .m_doc = "The event-stream frame loop of adapters._eventstream and Bedrock chunk decoding, compiled.",
-    .m_size = 0,
+    .m_size = sizeof(ModuleState),
     .m_methods = methods,
     .m_slots = slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
 };
 
 PyMODINIT_FUNC PyInit__eventstream_c(void)
