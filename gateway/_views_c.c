@@ -548,6 +548,7 @@ static const char *tl_skip_value(const char *p, const char *end)
 
 static PyObject *top_level_duplicate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
+    (void)module;
     if (nargs != 2 || !PyBytes_Check(args[0]) || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) > MAX_NAMES) {
         PyErr_SetString(PyExc_TypeError, "top_level_duplicate(body: bytes, names: tuple[bytes, ...]) (at most 8)");
         return NULL;
