@@ -374,16 +374,17 @@ def _decode_array(array: bytes, datas: list[bytes]) -> list[EventView]:
     if _scan_views is not None:
         scanned = _scan_views(array, _VIEW_CACHE)
         if scanned is not None:
-            views = scanned.views
-            if scanned.rest is None:
+            views, rest = scanned.views, scanned.rest  # each field read once (~10 ns a read on 3.11)
+            if rest is None:
                 return views  # every item a cached EventView
             try:
-                decoded = _decode_views(scanned.rest)
+                decoded = _decode_views(rest)
             except msgspec.DecodeError:
                 decoded = []  # a malformed event: the whole array below, event by event if need be
-            if len(decoded) == len(scanned.misses):
+            misses = scanned.misses
+            if len(decoded) == len(misses):
                 cache = _VIEW_CACHE
-                for (at, key), view in zip(scanned.misses, decoded, strict=True):
+                for (at, key), view in zip(misses, decoded, strict=True):
                     views[at] = view
                     if key is not None and len(cache) < _VIEW_CACHE_SIZE:
                         cache[key] = view
