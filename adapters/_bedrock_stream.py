@@ -5,7 +5,7 @@ as Anthropic ones (docs/wire-formats.md §3.5, §6.2)."""
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -18,6 +18,9 @@ from gateway.upstream import StreamInterrupted, UpstreamResponse
 from ._converse import STREAM_EXCEPTIONS, ConverseTranscoder
 from ._eventstream import EventStreamDecoder, EventStreamError, EventStreamMessage, parse_headers
 from .base import batch_of_block, forwardable_headers, provider_request_id, raise_for_redirect, read_error_body
+
+if TYPE_CHECKING:
+    from ._eventstream_c import ChunkBatch
 
 __all__ = [
     "BEDROCK_ERRORS",
@@ -76,7 +79,7 @@ decode_json = msgspec.json.Decoder(dict[str, Any]).decode
 _encode = msgspec.json.Encoder().encode
 
 _chunk_events: Callable[[list[bytes]], list[bytes] | None] | None
-_chunk_batch: Callable[[list[bytes]], tuple[bytes, bytes, bytes, int, int] | None] | None
+_chunk_batch: Callable[[list[bytes]], ChunkBatch | None] | None
 try:  # the chunks of Bedrock's exact shape decoded in C (adapters/_eventstream_c.c); msgspec for the rest
     from ._eventstream_c import chunk_batch as _chunk_batch
     from ._eventstream_c import chunk_events as _chunk_events
@@ -233,19 +236,20 @@ class BedrockEventStream:
         built = _chunk_batch(payloads)
         if built is None:
             return None
-        array, raw, names, last_at, last_frame_at = built
+        array = built.array
         views = decode_views([], array)  # [] when an event is malformed
-        if len(views) != len(payloads) or names != "\n".join([v.type for v in views]).encode():
+        if len(views) != len(payloads) or built.names != "\n".join([v.type for v in views]).encode():
             return None
         metrics_at = array.find(_METRICS_BYTES)
         if metrics_at < 0:
             self._note_start(views)
-            return Batch(views, None, raw)
+            return Batch(views, None, built.sse)
+        last_at = built.last_at
         if metrics_at < last_at or views[-1].type != "message_stop" or array.find(_METRICS_BYTES, metrics_at + 1) >= 0:
             return None
         start = self._note_start(views)
         data = self._strip_metrics(array[last_at:-1], start, self._previous + views[:-1])
-        return Batch(views, None, raw[:last_frame_at] + frame_header("message_stop") + data + b"\n\n")
+        return Batch(views, None, built.sse[: built.last_frame_at] + frame_header("message_stop") + data + b"\n\n")
 
     def _rewrite(self, views: list[EventView], datas: list[bytes], start: EventView | None) -> bytes:
         """The slow path of a batch: events put on one line, Bedrock's metrics removed wherever they are.

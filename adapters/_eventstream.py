@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import struct
 import uuid
-from typing import Union
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple, Union
 
 try:  # python-isal: CRC-32 by carry-less multiplication, no lookup tables to evict (see docs/benchmarks.md)
     from isal.isal_zlib import crc32
 except ImportError:  # pragma: no cover
     from zlib import crc32
+
+if TYPE_CHECKING:
+    from . import _eventstream_c
 
 __all__ = [
     "IMPLEMENTATION",
@@ -86,13 +90,19 @@ class EventStreamMessage:
         return f"EventStreamMessage({self.headers!r}, {self.payload[:60]!r})"
 
 
-_Scan = tuple[list[bytes], list[tuple[bytes, bytes]], int, str | None]
+class ScanResult(NamedTuple):
+    """What the frame loop answers (``_scan_py``; the compiled one's ``_eventstream_c.ScanResult`` has the
+    same fields, in the same order)."""
+
+    payloads: list[bytes]  # the payloads of the leading run of messages whose header block is the known one
+    frames: list[tuple[bytes, bytes]]  # every message from the first other one on, as (headers, payload)
+    offset: int  # the offset of the first byte not consumed
+    error: str | None  # None, or the message of the damage that stopped the walk
 
 
-def _scan_py(buf: bytes, known: bytes | None) -> _Scan:
+def _scan_py(buf: bytes, known: bytes | None) -> ScanResult:
     """The frame loop (``_eventstream_c.scan`` when it is built): the complete messages of ``buf`` from its
-    start as ``(payloads of the leading run whose header block is known, (headers, payload) of the rest,
-    offset of the first byte not consumed, None or the message of the damage that stopped the walk)``."""
+    start (see ``ScanResult``)."""
     payloads: list[bytes] = []
     out: list[tuple[bytes, bytes]] = []
     in_run = known is not None
@@ -102,16 +112,16 @@ def _scan_py(buf: bytes, known: bytes | None) -> _Scan:
     while size - start >= _MIN_LENGTH:
         total, headers_length, prelude_crc = unpack(buf, start)
         if crc32(buf[start : start + 8]) != prelude_crc:
-            return payloads, out, start, "event-stream prelude CRC mismatch"
+            return ScanResult(payloads, out, start, "event-stream prelude CRC mismatch")
         if size - start < total:
             if headers_length > MAX_HEADERS_LENGTH or total - headers_length - _MIN_LENGTH > MAX_PAYLOAD_LENGTH:
-                return payloads, out, start, f"event-stream message of {total} bytes exceeds the limits"
+                return ScanResult(payloads, out, start, f"event-stream message of {total} bytes exceeds the limits")
             break
         if total < headers_length + _MIN_LENGTH:
-            return payloads, out, start, "event-stream message shorter than its own headers"
+            return ScanResult(payloads, out, start, "event-stream message shorter than its own headers")
         end = start + total
         if crc32(buf[start + 8 : end - 4], prelude_crc) != _U32.unpack_from(buf, end - 4)[0]:
-            return payloads, out, start, "event-stream message CRC mismatch"
+            return ScanResult(payloads, out, start, "event-stream message CRC mismatch")
         payload_start = start + 12 + headers_length
         headers = buf[start + 12 : payload_start]
         if in_run and headers == known:
@@ -120,9 +130,10 @@ def _scan_py(buf: bytes, known: bytes | None) -> _Scan:
             in_run = False
             out.append((headers, buf[payload_start : end - 4]))
         start = end
-    return payloads, out, start, None
+    return ScanResult(payloads, out, start, None)
 
 
+_scan: Callable[[bytes, bytes | None], ScanResult | _eventstream_c.ScanResult]
 try:  # the same loop compiled (setup.py builds it when there is a C compiler)
     from ._eventstream_c import scan as _scan
 
@@ -159,14 +170,16 @@ class EventStreamDecoder:
         then every message from the first other one on as ``(header bytes, payload)``, in order. Damage:
         ``EventStreamError`` whose ``decoded`` holds the intact messages before it as ``feed_raw`` would."""
         buf = self._buf + chunk if self._buf else chunk
-        payloads, frames, start, error = self._scan(buf, known)
-        if error is not None:
-            if payloads:
+        scanned = self._scan(buf, known)
+        if scanned.error is not None:
+            frames = scanned.frames
+            if scanned.payloads:
                 assert known is not None
-                frames = [(known, payload) for payload in payloads] + frames
-            raise EventStreamError(error, frames)
+                frames = [(known, payload) for payload in scanned.payloads] + frames
+            raise EventStreamError(scanned.error, frames)
+        start = scanned.offset
         self._buf = buf[start:] if start < len(buf) else b""
-        return payloads, frames
+        return scanned.payloads, scanned.frames
 
     @property
     def pending(self) -> bool:

@@ -187,120 +187,229 @@ static inline uint32_t be32(const unsigned char *p)
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
 }
 
+/* The named results, PyStructSequence types (tuples with named fields, like os.stat_result): created by the
+ * exec slot into the module's state (so each module object, and each interpreter, has its own) and exposed as
+ * module attributes. */
+typedef struct {
+    PyTypeObject *ScanResult, *ChunkBatch;
+} ModuleState;
+
+static ModuleState *module_state(PyObject *module) { return (ModuleState *)PyModule_GetState(module); }
+
+/* A new ``type`` (a PyStructSequence type of ``n`` fields) holding ``items``, each stolen; NULL, every item
+ * released, when one of them is NULL (its creation failed) or on error.
+ *
+ * Allocated by the type's tp_alloc, not PyStructSequence_New: that one looks n_fields and n_sequence_fields
+ * up in the type's dict on every call, which made a call over a few events 10-20% slower than with a plain
+ * tuple. With every field in the sequence, as in all of this module's types, both are ``n`` and the object is
+ * the same (a tuple of ``n`` items, NULL until set, holding a reference to its heap type), only GC-tracked
+ * from the start. */
+static PyObject *structseq_of(PyTypeObject *type, PyObject *const *items, Py_ssize_t n)
+{
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (items[i] == NULL)
+            goto fail;
+    if ((result = type->tp_alloc(type, n)) == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyStructSequence_SET_ITEM(result, i, items[i]);
+    return result;
+
+fail:
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_XDECREF(items[i]);
+    return NULL;
+}
+
+static PyStructSequence_Field scan_result_fields[] = {
+    {"payloads", "the payloads of the leading run of messages whose header block is the known one"},
+    {"frames", "every message from the first other one on, as (header bytes, payload)"},
+    {"offset", "the offset of the first byte not consumed"},
+    {"error", "None, or the message of the damage that stopped the walk"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc scan_result_desc = {
+    "adapters._eventstream_c.ScanResult", "What scan() answers: the complete messages of a buffer.",
+    scan_result_fields, 4,
+};
+
 PyDoc_STRVAR(scan_doc,
-"scan(buf, known, /) -> (payloads, frames, offset, error)\n\n"
+"scan(buf, known, /) -> ScanResult(payloads, frames, offset, error)\n\n"
 "The complete messages of ``buf`` from its start: the payloads of the leading run of messages whose\n"
 "header block equals ``known`` (bytes, or None for no such run), then every message from the first\n"
 "other one on as ``(header bytes, payload)``; the offset of the first byte not consumed; and None, or\n"
 "the message of the damage that stopped the walk (the frames before it are intact).");
 
-static PyObject *scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* One message that ``check_frame`` found intact. */
+typedef struct {
+    uint32_t total;                       /* its length */
+    const char *headers, *payload;        /* where its header block and payload are */
+    Py_ssize_t headers_length, payload_length;
+} Frame;
+
+enum { FRAME_DAMAGED = -1, FRAME_INCOMPLETE = 0, FRAME_INTACT = 1 };
+
+/* The message at ``p``, ``left`` (>= MIN_LENGTH) bytes from it to the end of the buffer: FRAME_INTACT and
+ * ``*frame``; FRAME_INCOMPLETE when not all of it is there yet (within the limits); FRAME_DAMAGED and
+ * ``*error`` the message saying how (NULL, with an exception set, when creating it failed). */
+static int check_frame(const unsigned char *p, Py_ssize_t left, Frame *frame, PyObject **error)
 {
-    (void)module;
+    const uint32_t total = be32(p), headers_length = be32(p + 4), prelude_crc = be32(p + 8);
+    uint32_t crc = crc32_update(0, p, 8);
+    if (crc != prelude_crc) {
+        *error = PyUnicode_FromString("event-stream prelude CRC mismatch");
+        return FRAME_DAMAGED;
+    }
+    if ((uint64_t)left < (uint64_t)total) {
+        if (headers_length <= MAX_HEADERS_LENGTH &&
+            (int64_t)total - (int64_t)headers_length - MIN_LENGTH <= MAX_PAYLOAD_LENGTH)
+            return FRAME_INCOMPLETE;
+        *error = PyUnicode_FromFormat("event-stream message of %lu bytes exceeds the limits", (unsigned long)total);
+        return FRAME_DAMAGED;
+    }
+    if ((uint64_t)total < (uint64_t)headers_length + MIN_LENGTH) {
+        *error = PyUnicode_FromString("event-stream message shorter than its own headers");
+        return FRAME_DAMAGED;
+    }
+    crc = crc32_update(crc, p + 8, (size_t)total - 12);
+    if (crc != be32(p + total - 4)) {
+        *error = PyUnicode_FromString("event-stream message CRC mismatch");
+        return FRAME_DAMAGED;
+    }
+    frame->total = total;
+    frame->headers = (const char *)p + 12;
+    frame->headers_length = (Py_ssize_t)headers_length;
+    frame->payload = frame->headers + headers_length;
+    frame->payload_length = (Py_ssize_t)total - MIN_LENGTH - (Py_ssize_t)headers_length;
+    return FRAME_INTACT;
+}
+
+/* The walk of ``scan`` over one buffer: the lists it fills, and the header block of the leading run. */
+typedef struct {
+    int in_run;                   /* still in the leading run of messages whose header block is ``known`` */
+    const char *known;
+    Py_ssize_t known_length;
+    PyObject *payloads, *frames;  /* the two lists of the result (owned) */
+    PyObject *last_headers;       /* borrowed from ``frames``: equal header blocks share one object */
+} FrameScan;
+
+/* The header block of ``frame`` as bytes (a new reference): the previous pair's object when they are equal. */
+static PyObject *header_block(const FrameScan *s, const Frame *frame)
+{
+    PyObject *last = s->last_headers;
+    if (last != NULL && PyBytes_GET_SIZE(last) == frame->headers_length &&
+        memcmp(PyBytes_AS_STRING(last), frame->headers, (size_t)frame->headers_length) == 0)
+        return Py_NewRef(last);
+    return PyBytes_FromStringAndSize(frame->headers, frame->headers_length);
+}
+
+/* ``(header bytes, payload)`` of ``frame`` appended to the frames (``payload`` stolen). */
+static int add_pair(FrameScan *s, const Frame *frame, PyObject *payload)
+{
+    PyObject *raw = header_block(s, frame);
+    if (raw == NULL) {
+        Py_DECREF(payload);
+        return -1;
+    }
+    PyObject *pair = PyTuple_New(2);
+    if (pair == NULL) {
+        Py_DECREF(raw);
+        Py_DECREF(payload);
+        return -1;
+    }
+    PyTuple_SET_ITEM(pair, 0, raw); /* steals both */
+    PyTuple_SET_ITEM(pair, 1, payload);
+    const int rc = PyList_Append(s->frames, pair);
+    Py_DECREF(pair);
+    if (rc < 0)
+        return -1;
+    s->last_headers = raw; /* kept alive by ``frames`` */
+    return 0;
+}
+
+/* An intact message: its payload appended to the payloads while the leading run lasts, else to the frames
+ * as a pair. */
+static int add_frame(FrameScan *s, const Frame *frame)
+{
+    PyObject *payload = PyBytes_FromStringAndSize(frame->payload, frame->payload_length);
+    if (payload == NULL)
+        return -1;
+    if (s->in_run && frame->headers_length == s->known_length &&
+        memcmp(frame->headers, s->known, (size_t)frame->headers_length) == 0) {
+        const int rc = PyList_Append(s->payloads, payload);
+        Py_DECREF(payload);
+        return rc;
+    }
+    s->in_run = 0;
+    return add_pair(s, frame, payload);
+}
+
+/* Every complete message of ``buf`` from its start into ``s``; ``*offset`` the first byte not consumed and
+ * ``*error`` None or the message of the damage that stopped the walk (a new reference). -1 on error. */
+static int scan_frames(FrameScan *s, const unsigned char *buf, Py_ssize_t size, Py_ssize_t *offset,
+                       PyObject **error)
+{
+    Py_ssize_t start = 0;
+    Frame frame;
+    while (size - start >= MIN_LENGTH && check_frame(buf + start, size - start, &frame, error) == FRAME_INTACT) {
+        if (add_frame(s, &frame) < 0)
+            return -1;
+        start += frame.total;
+    }
+    if (*error == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        *error = Py_NewRef(Py_None);
+    }
+    *offset = start;
+    return 0;
+}
+
+/* 0 when the arguments are (bytes, bytes or None); else -1 with a TypeError. */
+static int check_scan_args(PyObject *const *args, Py_ssize_t nargs)
+{
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "scan() takes exactly 2 arguments");
-        return NULL;
+        return -1;
     }
-    PyObject *bufobj = args[0], *known = args[1];
-    if (!PyBytes_Check(bufobj)) {
-        PyErr_Format(PyExc_TypeError, "scan() argument 1 must be bytes, not %.100s", Py_TYPE(bufobj)->tp_name);
-        return NULL;
+    if (!PyBytes_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "scan() argument 1 must be bytes, not %.100s", Py_TYPE(args[0])->tp_name);
+        return -1;
     }
-    if (known != Py_None && !PyBytes_Check(known)) {
+    if (args[1] != Py_None && !PyBytes_Check(args[1])) {
         PyErr_Format(PyExc_TypeError, "scan() argument 2 must be bytes or None, not %.100s",
-                     Py_TYPE(known)->tp_name);
+                     Py_TYPE(args[1])->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *scan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_scan_args(args, nargs) < 0)
+        return NULL;
+    PyObject *known = args[1];
+    FrameScan s = {
+        .in_run = known != Py_None,
+        .known = known != Py_None ? PyBytes_AS_STRING(known) : NULL,
+        .known_length = known != Py_None ? PyBytes_GET_SIZE(known) : -1,
+        .payloads = PyList_New(0),
+        .frames = PyList_New(0),
+    };
+    PyObject *error = NULL;
+    Py_ssize_t offset = 0;
+    if (s.payloads == NULL || s.frames == NULL ||
+        scan_frames(&s, (const unsigned char *)PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), &offset,
+                    &error) < 0) {
+        Py_XDECREF(s.payloads);
+        Py_XDECREF(s.frames);
+        Py_XDECREF(error);
         return NULL;
     }
-    const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(bufobj);
-    const Py_ssize_t size = PyBytes_GET_SIZE(bufobj);
-    int in_run = known != Py_None;
-    const char *known_data = in_run ? PyBytes_AS_STRING(known) : NULL;
-    const Py_ssize_t known_length = in_run ? PyBytes_GET_SIZE(known) : -1;
-
-    PyObject *payloads = PyList_New(0);
-    PyObject *frames = PyList_New(0);
-    PyObject *last_headers = NULL; /* borrowed from ``frames``: equal header blocks share one object */
-    PyObject *error = NULL;
-    if (payloads == NULL || frames == NULL)
-        goto fail;
-
-    Py_ssize_t start = 0;
-    while (size - start >= MIN_LENGTH) {
-        const unsigned char *p = buf + start;
-        const uint32_t total = be32(p), headers_length = be32(p + 4), prelude_crc = be32(p + 8);
-        uint32_t crc = crc32_update(0, p, 8);
-        if (crc != prelude_crc) {
-            error = PyUnicode_FromString("event-stream prelude CRC mismatch");
-            break;
-        }
-        if ((uint64_t)(size - start) < (uint64_t)total) {
-            if (headers_length > MAX_HEADERS_LENGTH ||
-                (int64_t)total - (int64_t)headers_length - MIN_LENGTH > MAX_PAYLOAD_LENGTH) {
-                error = PyUnicode_FromFormat("event-stream message of %lu bytes exceeds the limits",
-                                             (unsigned long)total);
-            }
-            break;
-        }
-        if ((uint64_t)total < (uint64_t)headers_length + MIN_LENGTH) {
-            error = PyUnicode_FromString("event-stream message shorter than its own headers");
-            break;
-        }
-        crc = crc32_update(crc, p + 8, (size_t)total - 12);
-        if (crc != be32(p + total - 4)) {
-            error = PyUnicode_FromString("event-stream message CRC mismatch");
-            break;
-        }
-        const char *headers = (const char *)p + 12;
-        PyObject *payload = PyBytes_FromStringAndSize(headers + headers_length,
-                                                      (Py_ssize_t)total - MIN_LENGTH - (Py_ssize_t)headers_length);
-        if (payload == NULL)
-            goto fail;
-        if (in_run && (Py_ssize_t)headers_length == known_length &&
-            memcmp(headers, known_data, headers_length) == 0) {
-            int rc = PyList_Append(payloads, payload);
-            Py_DECREF(payload);
-            if (rc < 0)
-                goto fail;
-        }
-        else {
-            in_run = 0;
-            PyObject *raw;
-            if (last_headers != NULL && PyBytes_GET_SIZE(last_headers) == (Py_ssize_t)headers_length &&
-                memcmp(PyBytes_AS_STRING(last_headers), headers, headers_length) == 0) {
-                raw = Py_NewRef(last_headers);
-            }
-            else if ((raw = PyBytes_FromStringAndSize(headers, headers_length)) == NULL) {
-                Py_DECREF(payload);
-                goto fail;
-            }
-            PyObject *frame = PyTuple_New(2);
-            if (frame == NULL) {
-                Py_DECREF(raw);
-                Py_DECREF(payload);
-                goto fail;
-            }
-            PyTuple_SET_ITEM(frame, 0, raw); /* steals both */
-            PyTuple_SET_ITEM(frame, 1, payload);
-            int rc = PyList_Append(frames, frame);
-            Py_DECREF(frame);
-            if (rc < 0)
-                goto fail;
-            last_headers = raw; /* kept alive by ``frames`` */
-        }
-        start += total;
-    }
-    if (error == NULL) {
-        if (PyErr_Occurred())
-            goto fail;
-        error = Py_NewRef(Py_None);
-    }
-    return Py_BuildValue("(NNnN)", payloads, frames, start, error);
-
-fail:
-    Py_XDECREF(payloads);
-    Py_XDECREF(frames);
-    Py_XDECREF(error);
-    return NULL;
+    PyObject *items[] = {s.payloads, s.frames, PyLong_FromSsize_t(offset), error};
+    return structseq_of(module_state(module)->ScanResult, items, 4);
 }
 
 /* ``name(data, value=0, /)``: the CRC-32 of ``data`` by ``crc``, continuing from ``value``. */
@@ -509,99 +618,153 @@ static PyObject *chunk_events(PyObject *module, PyObject *payloads)
 #define TYPE_HEAD_LENGTH (sizeof TYPE_HEAD - 1)
 #define MAX_NAME_LENGTH 64
 
+static PyStructSequence_Field chunk_batch_fields[] = {
+    {"array", "the events as one JSON array [e1,e2,...]"},
+    {"sse", "the events as canonical SSE, event: <name>\\ndata: <event>\\n\\n each"},
+    {"names", "their names, joined by \\n"},
+    {"last_at", "the offset of the last event in the array"},
+    {"last_frame_at", "the offset of the last event's frame in the SSE"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc chunk_batch_desc = {
+    "adapters._eventstream_c.ChunkBatch", "What chunk_batch() answers: a read of chunk payloads, as forwarded.",
+    chunk_batch_fields, 5,
+};
+
 PyDoc_STRVAR(chunk_batch_doc,
-"chunk_batch(payloads, /) -> (array, sse, names, last_at, last_frame_at) | None\n\n"
+"chunk_batch(payloads, /) -> ChunkBatch(array, sse, names, last_at, last_frame_at) | None\n\n"
 "For chunk payloads that ``chunk_events`` decodes, when every event begins ``{\"type\":\"<name>\"`` (name of\n"
 "1-64 characters of a-z and _) and holds no CR or LF: the events as one JSON array ``[e1,e2,...]``, as\n"
 "canonical SSE (``event: <name>\\ndata: <event>\\n\\n`` each), their names joined by ``\\n``, the offset of\n"
 "the last event in the array and of its frame in the SSE. None otherwise (and for an empty list).");
 
-static PyObject *chunk_batch(PyObject *module, PyObject *payloads)
-{
-    (void)module;
-    if (check_payloads("chunk_batch", payloads) < 0)
-        return NULL;
-    const Py_ssize_t count = PyList_GET_SIZE(payloads);
-    if (count == 0)
-        Py_RETURN_NONE;
-    /* per event: where its base64 is (found once, by the first pass), its offset in the array and length,
-     * and its name's length */
-    struct {
-        const unsigned char *digits;
-        Py_ssize_t length, pads, at, size, name;
-    } *events = PyMem_Malloc(sizeof *events * (size_t)count);
-    if (events == NULL)
-        return PyErr_NoMemory();
-    PyObject *array = NULL, *sse = NULL, *joined = NULL, *result = NULL;
+/* One event of a batch: where its base64 is (found once, by ``locate_events``), its offset in the array and
+ * length, and its name's length. */
+typedef struct {
+    const unsigned char *digits;
+    Py_ssize_t length, pads, at, size, name;
+} BatchEvent;
 
-    Py_ssize_t total = 1; /* '[' */
-    for (Py_ssize_t k = 0; k < count; k++) {
+/* A batch being built: its events, and the three bytes objects of the result with their sizes. */
+typedef struct {
+    Py_ssize_t count;
+    BatchEvent *events;                /* ``count`` of them (PyMem) */
+    Py_ssize_t array_size, names_size; /* the array's length; the names' total length, without separators */
+    PyObject *array, *sse, *names;     /* owned */
+    Py_ssize_t last_frame_at;          /* the offset of the last event's frame in the SSE */
+} ChunkBatchWork;
+
+/* Each payload's base64 and the place of its event in the array: 1; 0 when one is not of the shape. */
+static int locate_events(ChunkBatchWork *b, PyObject *payloads)
+{
+    b->array_size = 1; /* '[' */
+    for (Py_ssize_t k = 0; k < b->count; k++) {
         PyObject *payload = PyList_GET_ITEM(payloads, k);
-        const Py_ssize_t n = chunk_shape((const unsigned char *)PyBytes_AS_STRING(payload),
-                                         PyBytes_GET_SIZE(payload), &events[k].digits, &events[k].length,
-                                         &events[k].pads);
+        BatchEvent *event = &b->events[k];
+        const Py_ssize_t n = chunk_shape((const unsigned char *)PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload),
+                                         &event->digits, &event->length, &event->pads);
         if (n < 0)
-            goto none;
-        events[k].at = total;
-        events[k].size = n;
-        total += n + 1; /* the event and ',' (or ']') */
+            return 0;
+        event->at = b->array_size;
+        event->size = n;
+        b->array_size += n + 1; /* the event and ',' (or ']') */
     }
-    if ((array = PyBytes_FromStringAndSize(NULL, total)) == NULL)
-        goto done;
-    unsigned char *a = (unsigned char *)PyBytes_AS_STRING(array);
+    return 1;
+}
+
+/* The length of the name of the ``n`` bytes ``event`` (``{"type":"<name>"``, on one line); -1 when it is not of
+ * the shape. */
+static Py_ssize_t event_name_length(const unsigned char *event, Py_ssize_t n)
+{
+    if (n < (Py_ssize_t)TYPE_HEAD_LENGTH + 2 || memcmp(event, TYPE_HEAD, TYPE_HEAD_LENGTH) != 0 ||
+        memchr(event, '\n', (size_t)n) != NULL || memchr(event, '\r', (size_t)n) != NULL)
+        return -1;
+    Py_ssize_t m = 0;
+    const unsigned char *name = event + TYPE_HEAD_LENGTH;
+    while (m < n - (Py_ssize_t)TYPE_HEAD_LENGTH && m <= MAX_NAME_LENGTH &&
+           ((name[m] >= 'a' && name[m] <= 'z') || name[m] == '_'))
+        m++;
+    if (m == 0 || m > MAX_NAME_LENGTH || m >= n - (Py_ssize_t)TYPE_HEAD_LENGTH || name[m] != '"')
+        return -1;
+    return m;
+}
+
+/* The array: every event decoded into its place, and its name checked. 1; 0 when one is not of the shape;
+ * -1 on error. */
+static int decode_events(ChunkBatchWork *b)
+{
+    if ((b->array = PyBytes_FromStringAndSize(NULL, b->array_size)) == NULL)
+        return -1;
+    unsigned char *a = (unsigned char *)PyBytes_AS_STRING(b->array);
     a[0] = '[';
-    Py_ssize_t names_total = 0;
-    for (Py_ssize_t k = 0; k < count; k++) {
-        unsigned char *event = a + events[k].at;
-        const Py_ssize_t n = events[k].size;
-        if (b64_decode(events[k].digits, events[k].length, events[k].pads, event) < 0)
-            goto none;
-        event[n] = k + 1 < count ? ',' : ']';
-        if (n < (Py_ssize_t)TYPE_HEAD_LENGTH + 2 || memcmp(event, TYPE_HEAD, TYPE_HEAD_LENGTH) != 0 ||
-            memchr(event, '\n', (size_t)n) != NULL || memchr(event, '\r', (size_t)n) != NULL)
-            goto none;
-        Py_ssize_t m = 0;
-        const unsigned char *name = event + TYPE_HEAD_LENGTH;
-        while (m < n - (Py_ssize_t)TYPE_HEAD_LENGTH && m <= MAX_NAME_LENGTH &&
-               ((name[m] >= 'a' && name[m] <= 'z') || name[m] == '_'))
-            m++;
-        if (m == 0 || m > MAX_NAME_LENGTH || m >= n - (Py_ssize_t)TYPE_HEAD_LENGTH || name[m] != '"')
-            goto none;
-        events[k].name = m;
-        names_total += m;
+    b->names_size = 0;
+    for (Py_ssize_t k = 0; k < b->count; k++) {
+        BatchEvent *e = &b->events[k];
+        unsigned char *event = a + e->at;
+        if (b64_decode(e->digits, e->length, e->pads, event) < 0)
+            return 0;
+        event[e->size] = k + 1 < b->count ? ',' : ']';
+        if ((e->name = event_name_length(event, e->size)) < 0)
+            return 0;
+        b->names_size += e->name;
     }
-    /* "event: " name "\ndata: " event "\n\n" */
-    const Py_ssize_t sse_total = (total - 1 - count) + names_total + 16 * count;
-    if ((sse = PyBytes_FromStringAndSize(NULL, sse_total)) == NULL ||
-        (joined = PyBytes_FromStringAndSize(NULL, names_total + count - 1)) == NULL)
-        goto done;
-    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(sse), *j = (unsigned char *)PyBytes_AS_STRING(joined);
-    Py_ssize_t last_frame_at = 0;
-    for (Py_ssize_t k = 0; k < count; k++) {
-        const unsigned char *event = a + events[k].at;
-        const Py_ssize_t n = events[k].size, m = events[k].name;
-        last_frame_at = o - (unsigned char *)PyBytes_AS_STRING(sse);
+    return 1;
+}
+
+/* The SSE of every event (``event: <name>\ndata: <event>\n\n``) and the names joined by "\n". 0; -1 on error. */
+static int write_frames(ChunkBatchWork *b)
+{
+    const Py_ssize_t sse_size = (b->array_size - 1 - b->count) + b->names_size + 16 * b->count;
+    if ((b->sse = PyBytes_FromStringAndSize(NULL, sse_size)) == NULL ||
+        (b->names = PyBytes_FromStringAndSize(NULL, b->names_size + b->count - 1)) == NULL)
+        return -1;
+    const unsigned char *a = (const unsigned char *)PyBytes_AS_STRING(b->array);
+    unsigned char *sse = (unsigned char *)PyBytes_AS_STRING(b->sse), *o = sse;
+    unsigned char *j = (unsigned char *)PyBytes_AS_STRING(b->names);
+    for (Py_ssize_t k = 0; k < b->count; k++) {
+        const unsigned char *event = a + b->events[k].at, *name = event + TYPE_HEAD_LENGTH;
+        const Py_ssize_t n = b->events[k].size, m = b->events[k].name;
+        b->last_frame_at = o - sse;
         memcpy(o, "event: ", 7);
-        memcpy(o + 7, event + TYPE_HEAD_LENGTH, (size_t)m);
+        memcpy(o + 7, name, (size_t)m);
         memcpy(o + 7 + m, "\ndata: ", 7);
         memcpy(o + 14 + m, event, (size_t)n);
         memcpy(o + 14 + m + n, "\n\n", 2);
         o += 16 + m + n;
         if (k)
             *j++ = '\n';
-        memcpy(j, event + TYPE_HEAD_LENGTH, (size_t)m);
+        memcpy(j, name, (size_t)m);
         j += m;
     }
-    result = Py_BuildValue("(OOOnn)", array, sse, joined, events[count - 1].at, last_frame_at);
-    goto done;
+    return 0;
+}
 
-none:
-    result = Py_NewRef(Py_None);
-done:
-    PyMem_Free(events);
-    Py_XDECREF(array);
-    Py_XDECREF(sse);
-    Py_XDECREF(joined);
+static PyObject *chunk_batch(PyObject *module, PyObject *payloads)
+{
+    if (check_payloads("chunk_batch", payloads) < 0)
+        return NULL;
+    ChunkBatchWork b = {.count = PyList_GET_SIZE(payloads)};
+    if (b.count == 0)
+        Py_RETURN_NONE;
+    if ((b.events = PyMem_Malloc(sizeof *b.events * (size_t)b.count)) == NULL)
+        return PyErr_NoMemory();
+    PyObject *result = NULL;
+    int rc = locate_events(&b, payloads);
+    if (rc > 0)
+        rc = decode_events(&b);
+    if (rc > 0 && write_frames(&b) == 0) {
+        PyObject *items[] = {b.array, b.sse, b.names, PyLong_FromSsize_t(b.events[b.count - 1].at),
+                             PyLong_FromSsize_t(b.last_frame_at)};
+        b.array = b.sse = b.names = NULL; /* the result's now */
+        result = structseq_of(module_state(module)->ChunkBatch, items, 5);
+    }
+    else if (rc == 0) /* not of the shape: the caller takes the general path */
+        result = Py_NewRef(Py_None);
+    PyMem_Free(b.events);
+    Py_XDECREF(b.array);
+    Py_XDECREF(b.sse);
+    Py_XDECREF(b.names);
     return result;
 }
 
@@ -622,8 +785,32 @@ static int exec_module(PyObject *module)
         PyModule_AddIntConstant(module, "MAX_PAYLOAD_LENGTH", MAX_PAYLOAD_LENGTH) < 0 ||
         PyModule_AddStringConstant(module, "CRC", CRC_NAME) < 0)
         return -1;
+    ModuleState *state = module_state(module);
+    if ((state->ScanResult = PyStructSequence_NewType(&scan_result_desc)) == NULL ||
+        (state->ChunkBatch = PyStructSequence_NewType(&chunk_batch_desc)) == NULL)
+        return -1;
+    if (PyModule_AddType(module, state->ScanResult) < 0 || PyModule_AddType(module, state->ChunkBatch) < 0)
+        return -1;
     return 0;
 }
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    ModuleState *state = module_state(module);
+    Py_VISIT(state->ScanResult);
+    Py_VISIT(state->ChunkBatch);
+    return 0;
+}
+
+static int module_clear(PyObject *module)
+{
+    ModuleState *state = module_state(module);
+    Py_CLEAR(state->ScanResult);
+    Py_CLEAR(state->ChunkBatch);
+    return 0;
+}
+
+static void module_free(void *module) { module_clear((PyObject *)module); }
 
 static PyModuleDef_Slot slots[] = {
     {Py_mod_exec, exec_module},
@@ -634,9 +821,12 @@ static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "adapters._eventstream_c",
     .m_doc = "The event-stream frame loop of adapters._eventstream and Bedrock chunk decoding, compiled.",
-    .m_size = 0,
+    .m_size = sizeof(ModuleState),
     .m_methods = methods,
     .m_slots = slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
 };
 
 PyMODINIT_FUNC PyInit__eventstream_c(void)

@@ -302,9 +302,11 @@ def batch_of_block(block: bytes) -> Batch:
                 return Batch([one], [data], block)
     canonical = split_canonical(block)
     if canonical is not None:
-        joined_names, array, count = canonical
-        views = decode_views([], array)  # [] when any event is malformed: handled frame by frame below
-        if len(views) == count and joined_names == b"event: " + "\nevent: ".join([v.type for v in views]).encode():
+        views = decode_views([], canonical.array)  # [] when any event is malformed: handled frame by frame below
+        if (
+            len(views) == canonical.frame_count
+            and canonical.events == b"event: " + "\nevent: ".join([v.type for v in views]).encode()
+        ):
             return Batch(views, None, block)
     names, datas = split_block(block)
     views = decode_views(datas)

@@ -158,8 +158,67 @@ static const unsigned char *skip_value(const unsigned char *p, const unsigned ch
     return NULL;
 }
 
+/* The named results, PyStructSequence types (tuples with named fields, like os.stat_result): created by the
+ * exec slot into the module's state (so each module object, and each interpreter, has its own) and exposed as
+ * module attributes. */
+typedef struct {
+    PyTypeObject *ScannedViews, *SplitSse;
+} ModuleState;
+
+static ModuleState *module_state(PyObject *module) { return (ModuleState *)PyModule_GetState(module); }
+
+static PyStructSequence_Field scanned_views_fields[] = {
+    {"views", "one item per event: the cached view of a delta of the common shape, else None"},
+    {"rest", "the events answered None, as one JSON array; None when there are none"},
+    {"misses", "(position, prefix) for each of those, in order; prefix None for an event not of the shape"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc scanned_views_desc = {
+    "gateway._views_c.ScannedViews", "What scan_views() answers: the cached views and the events left over.",
+    scanned_views_fields, 3,
+};
+
+static PyStructSequence_Field split_sse_fields[] = {
+    {"events", "the event lines, joined by \\n"},
+    {"array", "the data of every frame as one JSON array"},
+    {"frame_count", "the number of frames"},
+    {NULL, NULL},
+};
+
+static PyStructSequence_Desc split_sse_desc = {
+    "gateway._views_c.SplitSse", "What split_sse() answers: a block of canonical SSE frames split.",
+    split_sse_fields, 3,
+};
+
+/* A new ``type`` (a PyStructSequence type of ``n`` fields) holding ``items``, each stolen; NULL, every item
+ * released, when one of them is NULL (its creation failed) or on error.
+ *
+ * Allocated by the type's tp_alloc, not PyStructSequence_New: that one looks n_fields and n_sequence_fields
+ * up in the type's dict on every call, which made a call over a few events 10-20% slower than with a plain
+ * tuple. With every field in the sequence, as in all of this module's types, both are ``n`` and the object is
+ * the same (a tuple of ``n`` items, NULL until set, holding a reference to its heap type), only GC-tracked
+ * from the start. */
+static PyObject *structseq_of(PyTypeObject *type, PyObject *const *items, Py_ssize_t n)
+{
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (items[i] == NULL)
+            goto fail;
+    if ((result = type->tp_alloc(type, n)) == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyStructSequence_SET_ITEM(result, i, items[i]);
+    return result;
+
+fail:
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_XDECREF(items[i]);
+    return NULL;
+}
+
 PyDoc_STRVAR(scan_views_doc,
-"scan_views(array, cache, /) -> (views, rest, misses) | None\n\n"
+"scan_views(array, cache, /) -> ScannedViews(views, rest, misses) | None\n\n"
 "``array``: a JSON array of events, no whitespace between them. ``views``: one item per event, the view\n"
 "``cache`` holds for a delta of the common shape whose prefix (up to and including the comma after its\n"
 "delta type) is a key of it, else None. ``rest``: the events answered None, as one JSON array (None when\n"
@@ -170,165 +229,222 @@ typedef struct {
     Py_ssize_t start, length;
 } Piece;
 
-static PyObject *scan_views(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* The walk of ``scan_views`` over one array: what it has found so far. */
+typedef struct {
+    const unsigned char *base;       /* the array's bytes */
+    PyObject *cache;                 /* borrowed */
+    PyObject *views, *misses;        /* the two lists of the result (owned) */
+    Piece *pieces;                   /* where in ``base`` the events answered None are (PyMem) */
+    Py_ssize_t count, capacity;      /* pieces used, allocated */
+    Py_ssize_t rest_size;            /* the length of their array: '[' and each one with its ',' or ']' */
+    const unsigned char *last_key;   /* the prefix last found in the cache, and its view (borrowed) */
+    Py_ssize_t last_key_length;
+    PyObject *last_view;
+} ViewScan;
+
+static void view_scan_clear(ViewScan *s)
 {
-    (void)module;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "scan_views() takes exactly 2 arguments");
-        return NULL;
-    }
-    PyObject *arrayobj = args[0], *cache = args[1];
-    if (!PyBytes_Check(arrayobj)) {
-        PyErr_Format(PyExc_TypeError, "scan_views() argument 1 must be bytes, not %.100s",
-                     Py_TYPE(arrayobj)->tp_name);
-        return NULL;
-    }
-    if (!PyDict_CheckExact(cache)) {
-        PyErr_Format(PyExc_TypeError, "scan_views() argument 2 must be dict, not %.100s", Py_TYPE(cache)->tp_name);
-        return NULL;
-    }
-    const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(arrayobj);
-    const Py_ssize_t size = PyBytes_GET_SIZE(arrayobj);
-    if (size < 2 || base[0] != '[' || base[size - 1] != ']')
-        Py_RETURN_NONE;
-    const unsigned char *p = base + 1, *stop = base + size - 1;
+    Py_XDECREF(s->views);
+    Py_XDECREF(s->misses);
+    PyMem_Free(s->pieces);
+}
 
-    PyObject *views = PyList_New(0), *misses = PyList_New(0), *result = NULL;
-    Piece *pieces = NULL;
-    Py_ssize_t count = 0, capacity = 0, rest_size = 1;
-    const unsigned char *last_key = NULL; /* the prefix last found in the cache, and its view (borrowed) */
-    Py_ssize_t last_key_length = 0;
-    PyObject *last_view = NULL;
-    if (views == NULL || misses == NULL)
-        goto fail;
+/* The cached view of the delta whose prefix is the ``length`` bytes at ``p``, in ``*view`` (borrowed); or
+ * ``*view`` left NULL and ``*key`` that prefix (a new reference) when the cache has none. -1 on error. */
+static int look_up_view(ViewScan *s, const unsigned char *p, Py_ssize_t length, PyObject **view, PyObject **key)
+{
+    if (s->last_view != NULL && length == s->last_key_length && memcmp(p, s->last_key, (size_t)length) == 0) {
+        *view = s->last_view;
+        return 0;
+    }
+    PyObject *prefix = PyBytes_FromStringAndSize((const char *)p, length);
+    if (prefix == NULL)
+        return -1;
+    PyObject *found = PyDict_GetItemWithError(s->cache, prefix);
+    if (found == NULL) {
+        if (PyErr_Occurred()) {
+            Py_DECREF(prefix);
+            return -1;
+        }
+        *key = prefix;
+        return 0;
+    }
+    Py_DECREF(prefix);
+    *view = s->last_view = found;
+    s->last_key = p;
+    s->last_key_length = length;
+    return 0;
+}
 
+/* The event [p, e) in the array of the rest. */
+static int add_piece(ViewScan *s, const unsigned char *p, const unsigned char *e)
+{
+    if (s->count == s->capacity) {
+        const Py_ssize_t capacity = s->capacity ? 2 * s->capacity : 16;
+        Piece *grown = PyMem_Realloc(s->pieces, sizeof(Piece) * (size_t)capacity);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->pieces = grown;
+        s->capacity = capacity;
+    }
+    s->pieces[s->count].start = p - s->base;
+    s->pieces[s->count].length = e - p;
+    s->rest_size += e - p + 1;
+    s->count++;
+    return 0;
+}
+
+/* An event the cache does not answer, [p, e): None in the views, ``(position, key)`` in the misses (``key``
+ * stolen; NULL stands for None: not of the shape) and its bytes in the rest. */
+static int add_miss(ViewScan *s, const unsigned char *p, const unsigned char *e, PyObject *key)
+{
+    PyObject *miss = Py_BuildValue("(nN)", PyList_GET_SIZE(s->views), key != NULL ? key : Py_NewRef(Py_None));
+    if (miss == NULL)
+        return -1;
+    const int rc = PyList_Append(s->misses, miss);
+    Py_DECREF(miss);
+    if (rc < 0 || PyList_Append(s->views, Py_None) < 0)
+        return -1;
+    return add_piece(s, p, e);
+}
+
+/* The event at ``p``: its view or its miss recorded, ``*end`` just after it. 1; 0 when no event ends there
+ * (not an array this walk can split); -1 on error. */
+static int scan_event(ViewScan *s, const unsigned char *p, const unsigned char *stop, const unsigned char **end)
+{
+    const unsigned char *key_end = NULL, *e = delta_event(p, stop, &key_end);
+    PyObject *view = NULL, *key = NULL;
+    if (e != NULL) {
+        if (look_up_view(s, p, key_end - p, &view, &key) < 0)
+            return -1;
+    }
+    else if ((e = skip_value(p, stop)) == NULL)
+        return 0;
+    *end = e;
+    if (view != NULL)
+        return PyList_Append(s->views, view) < 0 ? -1 : 1;
+    return add_miss(s, p, e, key) < 0 ? -1 : 1;
+}
+
+/* Every event of [p, stop), the inside of the array: 1; 0 when it is not a list of events separated by
+ * single commas; -1 on error. */
+static int scan_events(ViewScan *s, const unsigned char *p, const unsigned char *stop)
+{
     while (p < stop) {
-        const unsigned char *key_end = NULL, *e = delta_event(p, stop, &key_end);
-        PyObject *view = NULL, *key = NULL;
-        if (e != NULL) {
-            const Py_ssize_t key_length = key_end - p;
-            if (last_view != NULL && key_length == last_key_length && memcmp(p, last_key, (size_t)key_length) == 0)
-                view = last_view;
-            else {
-                if ((key = PyBytes_FromStringAndSize((const char *)p, key_length)) == NULL)
-                    goto fail;
-                view = PyDict_GetItemWithError(cache, key);
-                if (view == NULL && PyErr_Occurred()) {
-                    Py_DECREF(key);
-                    goto fail;
-                }
-                if (view != NULL) {
-                    Py_CLEAR(key);
-                    last_view = view;
-                    last_key = p;
-                    last_key_length = key_length;
-                }
-            }
-        }
-        else if ((e = skip_value(p, stop)) == NULL)
-            goto none;
-        if (view != NULL) {
-            if (PyList_Append(views, view) < 0)
-                goto fail;
-        }
-        else {
-            PyObject *miss = Py_BuildValue("(nN)", PyList_GET_SIZE(views), key != NULL ? key : Py_NewRef(Py_None));
-            if (miss == NULL)
-                goto fail;
-            int rc = PyList_Append(misses, miss);
-            Py_DECREF(miss);
-            if (rc < 0 || PyList_Append(views, Py_None) < 0)
-                goto fail;
-            if (count == capacity) {
-                capacity = capacity ? 2 * capacity : 16;
-                Piece *grown = PyMem_Realloc(pieces, sizeof(Piece) * (size_t)capacity);
-                if (grown == NULL) {
-                    PyErr_NoMemory();
-                    goto fail;
-                }
-                pieces = grown;
-            }
-            pieces[count].start = p - base;
-            pieces[count].length = e - p;
-            rest_size += e - p + 1;
-            count++;
-        }
-        p = e;
+        const int rc = scan_event(s, p, stop, &p);
+        if (rc <= 0)
+            return rc;
         if (p == stop)
             break;
         if (*p != ',' || p + 1 == stop) /* not a separator, or a trailing one */
-            goto none;
+            return 0;
         p++;
     }
+    return 1;
+}
 
-    PyObject *rest;
-    if (count == 0)
-        rest = Py_NewRef(Py_None);
-    else {
-        if ((rest = PyBytes_FromStringAndSize(NULL, rest_size)) == NULL)
-            goto fail;
-        char *o = PyBytes_AS_STRING(rest);
-        *o++ = '[';
-        for (Py_ssize_t k = 0; k < count; k++) {
-            memcpy(o, base + pieces[k].start, (size_t)pieces[k].length);
-            o += pieces[k].length;
-            *o++ = k + 1 < count ? ',' : ']';
-        }
+/* The events answered None as one JSON array (a new reference; None when there are none), NULL on error. */
+static PyObject *rest_array(const ViewScan *s)
+{
+    if (s->count == 0)
+        return Py_NewRef(Py_None);
+    PyObject *rest = PyBytes_FromStringAndSize(NULL, s->rest_size);
+    if (rest == NULL)
+        return NULL;
+    char *o = PyBytes_AS_STRING(rest);
+    *o++ = '[';
+    for (Py_ssize_t k = 0; k < s->count; k++) {
+        memcpy(o, s->base + s->pieces[k].start, (size_t)s->pieces[k].length);
+        o += s->pieces[k].length;
+        *o++ = k + 1 < s->count ? ',' : ']';
     }
-    result = Py_BuildValue("(NNN)", views, rest, misses);
-    PyMem_Free(pieces);
-    return result;
+    return rest;
+}
 
-none: /* not an array this walk can split: msgspec decodes the whole of it */
-    result = Py_NewRef(Py_None);
-fail:
-    Py_XDECREF(views);
-    Py_XDECREF(misses);
-    PyMem_Free(pieces);
+/* 0 when the arguments are (bytes, dict); else -1 with a TypeError. */
+static int check_scan_views_args(PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "scan_views() takes exactly 2 arguments");
+        return -1;
+    }
+    if (!PyBytes_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "scan_views() argument 1 must be bytes, not %.100s", Py_TYPE(args[0])->tp_name);
+        return -1;
+    }
+    if (!PyDict_CheckExact(args[1])) {
+        PyErr_Format(PyExc_TypeError, "scan_views() argument 2 must be dict, not %.100s", Py_TYPE(args[1])->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *scan_views(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (check_scan_views_args(args, nargs) < 0)
+        return NULL;
+    const unsigned char *base = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    const Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
+    if (size < 2 || base[0] != '[' || base[size - 1] != ']')
+        Py_RETURN_NONE;
+    ViewScan s = {.base = base, .cache = args[1], .views = PyList_New(0), .misses = PyList_New(0), .rest_size = 1};
+    PyObject *result = NULL;
+    if (s.views != NULL && s.misses != NULL) {
+        const int rc = scan_events(&s, base + 1, base + size - 1);
+        if (rc > 0) { /* the result holds the two lists: ``view_scan_clear`` releases the walk's references */
+            PyObject *items[] = {Py_NewRef(s.views), rest_array(&s), Py_NewRef(s.misses)};
+            result = structseq_of(module_state(module)->ScannedViews, items, 3);
+        }
+        else if (rc == 0) /* not an array this walk can split: msgspec decodes the whole of it */
+            result = Py_NewRef(Py_None);
+    }
+    view_scan_clear(&s);
     return result;
 }
 
 PyDoc_STRVAR(split_sse_doc,
-"split_sse(block, /) -> (events, array, count) | None\n\n"
+"split_sse(block, /) -> SplitSse(events, array, frame_count) | None\n\n"
 "gateway.sse.split_canonical in C: for a block of frames each exactly ``event: <name>``, ``data: <json>``\n"
 "and a blank line (nothing after the last), the event lines joined by ``\\n``, the data as one JSON array and\n"
 "the frame count; None for any other block.");
 
-static PyObject *split_sse(PyObject *module, PyObject *block)
+/* The sizes of a block's parts: its frame count, the length of its event lines (each with its "\n") and
+ * the length of their data as a JSON array. */
+typedef struct {
+    Py_ssize_t count, events_size, array_size;
+} SseSizes;
+
+/* 1 and ``*sizes`` when [start, end) is frames of the canonical shape, else 0. */
+static int measure_frames(const char *start, const char *end, SseSizes *sizes)
 {
-    (void)module;
-    if (!PyBytes_Check(block)) {
-        PyErr_Format(PyExc_TypeError, "split_sse() argument must be bytes, not %.100s", Py_TYPE(block)->tp_name);
-        return NULL;
-    }
-    const char *start = PyBytes_AS_STRING(block), *end = start + PyBytes_GET_SIZE(block);
-    Py_ssize_t count = 0, events_size = 0, array_size = 1;
-    for (const char *p = start; p < end;) { /* sizes, and the shape */
+    *sizes = (SseSizes){.array_size = 1};
+    for (const char *p = start; p < end;) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         if (nl == NULL || nl - p < 7 || memcmp(p, "event: ", 7) != 0)
-            Py_RETURN_NONE;
-        events_size += nl - p + 1;
+            return 0;
+        sizes->events_size += nl - p + 1;
         p = nl + 1;
         nl = p < end ? memchr(p, '\n', (size_t)(end - p)) : NULL;
         if (nl == NULL || nl - p < 6 || memcmp(p, "data: ", 6) != 0)
-            Py_RETURN_NONE;
-        array_size += nl - p - 6 + 1;
+            return 0;
+        sizes->array_size += nl - p - 6 + 1;
         p = nl + 1;
         if (p >= end || *p != '\n')
-            Py_RETURN_NONE;
+            return 0;
         p++;
-        count++;
+        sizes->count++;
     }
-    PyObject *events = PyBytes_FromStringAndSize(NULL, count ? events_size - 1 : 0);
-    PyObject *array = PyBytes_FromStringAndSize(NULL, count ? array_size : 2);
-    if (events == NULL || array == NULL) {
-        Py_XDECREF(events);
-        Py_XDECREF(array);
-        return NULL;
-    }
-    char *e = PyBytes_AS_STRING(events), *a = PyBytes_AS_STRING(array);
+    return 1;
+}
+
+/* The event lines of [start, end) (frames of the canonical shape) into ``e``, their data into ``a`` as a
+ * JSON array. */
+static void write_split(const char *start, const char *end, char *e, char *a)
+{
     *a++ = '[';
-    for (const char *p = start; p < end;) { /* the shape is known good: event line, data line, blank line */
+    for (const char *p = start; p < end;) { /* event line, data line, blank line */
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         if (p != start) {
             *e++ = '\n';
@@ -343,7 +459,28 @@ static PyObject *split_sse(PyObject *module, PyObject *block)
         p = nl + 2;
     }
     *a = ']';
-    return Py_BuildValue("(NNn)", events, array, count);
+}
+
+static PyObject *split_sse(PyObject *module, PyObject *block)
+{
+    if (!PyBytes_Check(block)) {
+        PyErr_Format(PyExc_TypeError, "split_sse() argument must be bytes, not %.100s", Py_TYPE(block)->tp_name);
+        return NULL;
+    }
+    const char *start = PyBytes_AS_STRING(block), *end = start + PyBytes_GET_SIZE(block);
+    SseSizes sizes;
+    if (!measure_frames(start, end, &sizes))
+        Py_RETURN_NONE;
+    PyObject *events = PyBytes_FromStringAndSize(NULL, sizes.count ? sizes.events_size - 1 : 0);
+    PyObject *array = PyBytes_FromStringAndSize(NULL, sizes.count ? sizes.array_size : 2);
+    if (events == NULL || array == NULL) {
+        Py_XDECREF(events);
+        Py_XDECREF(array);
+        return NULL;
+    }
+    write_split(start, end, PyBytes_AS_STRING(events), PyBytes_AS_STRING(array));
+    PyObject *items[] = {events, array, PyLong_FromSsize_t(sizes.count)};
+    return structseq_of(module_state(module)->SplitSse, items, 3);
 }
 
 
@@ -417,6 +554,7 @@ static const char *tl_skip_value(const char *p, const char *end)
 
 static PyObject *top_level_duplicate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
+    (void)module;
     if (nargs != 2 || !PyBytes_Check(args[0]) || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) > MAX_NAMES) {
         PyErr_SetString(PyExc_TypeError, "top_level_duplicate(body: bytes, names: tuple[bytes, ...]) (at most 8)");
         return NULL;
@@ -486,7 +624,37 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static int exec_module(PyObject *module)
+{
+    ModuleState *state = module_state(module);
+    if ((state->ScannedViews = PyStructSequence_NewType(&scanned_views_desc)) == NULL ||
+        (state->SplitSse = PyStructSequence_NewType(&split_sse_desc)) == NULL)
+        return -1;
+    if (PyModule_AddType(module, state->ScannedViews) < 0 || PyModule_AddType(module, state->SplitSse) < 0)
+        return -1;
+    return 0;
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    ModuleState *state = module_state(module);
+    Py_VISIT(state->ScannedViews);
+    Py_VISIT(state->SplitSse);
+    return 0;
+}
+
+static int module_clear(PyObject *module)
+{
+    ModuleState *state = module_state(module);
+    Py_CLEAR(state->ScannedViews);
+    Py_CLEAR(state->SplitSse);
+    return 0;
+}
+
+static void module_free(void *module) { module_clear((PyObject *)module); }
+
 static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, exec_module},
     {0, NULL},
 };
 
@@ -494,9 +662,12 @@ static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "gateway._views_c",
     .m_doc = "The partial decode of the commonest stream event, compiled (see gateway/events.py).",
-    .m_size = 0,
+    .m_size = sizeof(ModuleState),
     .m_methods = methods,
     .m_slots = slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
 };
 
 PyMODINIT_FUNC PyInit__views_c(void)

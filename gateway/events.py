@@ -17,9 +17,12 @@ raw bytes go through untouched.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
+
+if TYPE_CHECKING:
+    from ._views_c import ScannedViews
 
 __all__ = [
     "COMPILED_VIEWS",
@@ -339,8 +342,7 @@ def decode_view(data: bytes) -> EventView:
 _VIEW_CACHE: dict[bytes, EventView] = {}
 _VIEW_CACHE_SIZE = 4096
 
-_Scanned = tuple[list[Any], bytes | None, list[tuple[int, bytes | None]]]
-_scan_views: Callable[[bytes, dict[bytes, Any]], _Scanned | None] | None
+_scan_views: Callable[[bytes, dict[bytes, Any]], ScannedViews | None] | None
 try:  # the deltas answered from the cache in C (gateway/_views_c.c); msgspec decodes the rest
     from ._views_c import scan_views as _scan_views
 except ImportError:  # pragma: no cover - no compiler where it was installed
@@ -372,13 +374,14 @@ def _decode_array(array: bytes, datas: list[bytes]) -> list[EventView]:
     if _scan_views is not None:
         scanned = _scan_views(array, _VIEW_CACHE)
         if scanned is not None:
-            views, rest, misses = scanned
+            views, rest = scanned.views, scanned.rest  # each field read once (~10 ns a read on 3.11)
             if rest is None:
                 return views  # every item a cached EventView
             try:
                 decoded = _decode_views(rest)
             except msgspec.DecodeError:
                 decoded = []  # a malformed event: the whole array below, event by event if need be
+            misses = scanned.misses
             if len(decoded) == len(misses):
                 cache = _VIEW_CACHE
                 for (at, key), view in zip(misses, decoded, strict=True):

@@ -9,12 +9,17 @@ character split across reads needs no special care.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 from gateway.events import KNOWN_EVENTS, EventView
+
+if TYPE_CHECKING:
+    from gateway import _views_c
 
 __all__ = [
     "MAX_EVENT_BYTES",
     "FrameTooLarge",
+    "SplitSse",
     "SseDecoder",
     "SseFrame",
     "encode_frame",
@@ -129,7 +134,16 @@ class SseDecoder:
         return bool(self._buf.strip(b"\n"))
 
 
-_split_sse: Callable[[bytes], tuple[bytes, bytes, int] | None] | None
+class SplitSse(NamedTuple):
+    """A block of canonical frames split (``split_canonical_py``; the compiled one's ``_views_c.SplitSse`` has
+    the same fields, in the same order)."""
+
+    events: bytes  # the event lines, joined by "\n"
+    array: bytes  # the data of every frame, as one JSON array
+    frame_count: int  # the number of frames
+
+
+_split_sse: Callable[[bytes], _views_c.SplitSse | None] | None
 try:  # gateway/_views_c.c: split_canonical without an object per line
     from gateway._views_c import split_sse as _split_sse
 except ImportError:  # pragma: no cover - no compiler where it was installed
@@ -142,7 +156,7 @@ def split_block(block: bytes) -> tuple[list[bytes | None], list[bytes]]:
     return [f.event for f in frames], [f.data for f in frames]
 
 
-def split_canonical(block: bytes) -> tuple[bytes, bytes, int] | None:
+def split_canonical(block: bytes) -> SplitSse | _views_c.SplitSse | None:
     """For a block in the shape every Claude provider sends — each frame exactly ``event: <name>``,
     ``data: <json>``, blank line, nothing after the last — its event lines joined by ``\\n``, its data as one
     JSON array, and the frame count; ``None`` for any other shape. In C when gateway._views_c is built."""
@@ -151,7 +165,7 @@ def split_canonical(block: bytes) -> tuple[bytes, bytes, int] | None:
     return split_canonical_py(block)
 
 
-def split_canonical_py(block: bytes) -> tuple[bytes, bytes, int] | None:
+def split_canonical_py(block: bytes) -> SplitSse | None:
     """``split_canonical`` by whole-line bytes operations (in C, but an object per line): the fallback, and
     the reference the compiled one is tested against."""
     lines = block.split(b"\n")
@@ -163,7 +177,7 @@ def split_canonical_py(block: bytes) -> tuple[bytes, bytes, int] | None:
     # No line holds a "\n", so "\nevent: " / "\ndata: " can only occur at the start of a line.
     if (b"\n" + events).count(b"\nevent: ") != n or (b"\n" + datas).count(b"\ndata: ") != n:
         return None
-    return events, b"[" + datas[6:].replace(b"\ndata: ", b",") + b"]", n
+    return SplitSse(events, b"[" + datas[6:].replace(b"\ndata: ", b",") + b"]", n)
 
 
 def _parse_frames(block: bytes) -> list[SseFrame]:

@@ -97,6 +97,8 @@ def test_malformed_json_becomes_an_untyped_view(block: bytes) -> None:
 def test_split_canonical(split: Any) -> None:
     block = b'event: a\ndata: {"type":"a"}\n\nevent: b\ndata: {"x":"data: y"}\n\n'
     assert split(block) == (b"event: a\nevent: b", b'[{"type":"a"},{"x":"data: y"}]', 2)
+    named = split(block)
+    assert (named.events, named.array, named.frame_count) == tuple(named)
     assert split(b"") == (b"", b"[]", 0)
     for other in (
         b"event: a\ndata: 1\nid: 3\n\n",  # a third line
@@ -124,6 +126,10 @@ def test_compiled_split_is_the_python_one(frames: list[tuple[bytes, bytes]], edi
 
 def test_the_compiled_split_is_in_use() -> None:
     assert (sse._split_sse is not None) == COMPILED_VIEWS
+    if COMPILED_VIEWS:  # the same fields, in the same order, as the Python one's
+        from gateway import _views_c
+
+        assert _views_c.SplitSse.__match_args__ == sse.SplitSse._fields
 
 
 def test_first_large_block_is_cut_after_its_first_delta() -> None:

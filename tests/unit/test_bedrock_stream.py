@@ -474,7 +474,11 @@ def test_chunk_batch_layout() -> None:
         b'{"type":"a_b"}',
         b'{"type":"' + b"z" * 64 + b'","x":"\xc3\xa9"}',
     ]
-    array, sse, names, last_at, last_frame_at = C.chunk_batch([canonical(e, None) for e in events])
+    built = C.chunk_batch([canonical(e, None) for e in events])
+    assert type(built) is C.ChunkBatch and isinstance(built, tuple)
+    assert C.ChunkBatch.__match_args__ == ("array", "sse", "names", "last_at", "last_frame_at")
+    array, sse, names, last_at, last_frame_at = built  # still a tuple
+    assert (built.array, built.sse, built.names, built.last_at, built.last_frame_at) == tuple(built)
     assert array == b"[" + b",".join(events) + b"]"
     assert sse == b"".join(b"event: " + e[9 : e.index(b'"', 9)] + b"\ndata: " + e + b"\n\n" for e in events)
     assert names == b"message_start\na_b\n" + b"z" * 64

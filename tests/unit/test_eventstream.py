@@ -272,6 +272,29 @@ def test_the_compiled_loop_takes_bytes_only() -> None:
     assert C.scan(b"", None) == ([], [], 0, None)
 
 
+@needs_c
+def test_both_loops_answer_a_tuple_with_the_same_named_fields() -> None:
+    assert C is not None
+    assert C.ScanResult.__module__ == "adapters._eventstream_c"
+    assert C.ScanResult.__match_args__ == _eventstream.ScanResult._fields == ("payloads", "frames", "offset", "error")
+    first, second = chunk_event(b"{}"), chunk_event(b"[]", "p")
+    damaged, cut = first + second[:-1] + bytes([second[-1] ^ 1]), first + second[:-3]
+    known = PythonDecoder().feed_raw(first)[0][0]
+    for scan, kind in ((C.scan, C.ScanResult), (_eventstream._scan_py, _eventstream.ScanResult)):
+        for buf in (first + second, damaged, cut):
+            scanned = scan(buf, known)
+            assert type(scanned) is kind and isinstance(scanned, tuple)
+            assert tuple(scanned) == (scanned.payloads, scanned.frames, scanned.offset, scanned.error)
+        whole = scan(first + second, known)
+        assert (len(whole.payloads), whole.frames, whole.offset, whole.error) == (2, [], len(first + second), None)
+        assert [h for h, _ in scan(first + second, None).frames] == [known, known]
+        assert (scan(damaged, known).offset, scan(damaged, known).error) == (
+            len(first),
+            "event-stream message CRC mismatch",
+        )
+        assert (scan(cut, known).offset, scan(cut, known).error) == (len(first), None)
+
+
 # Random streams: real frames, forged preludes (any lengths, valid prelude CRC), garbage; then damage.
 _header_values = st.one_of(
     st.booleans(),

@@ -97,17 +97,19 @@ def test_deltas_are_answered_from_the_cache_and_the_rest_by_msgspec() -> None:
     assert C is not None
     array = b"[" + b",".join(STREAM[:4]) + b"]"
     cache: dict[bytes, Any] = {}
-    views, rest, misses = C.scan_views(array, cache)  # type: ignore[misc]
-    assert views == [None] * 4
-    assert rest == array
+    scanned = C.scan_views(array, cache)
+    assert scanned is not None
+    assert scanned.views == [None] * 4
+    assert scanned.rest == array
     prefix = b'{"type":"content_block_delta","index":0,"delta":{"type":"text_delta",'
-    assert misses == [(0, None), (1, None), (2, prefix), (3, prefix)]
+    assert scanned.misses == [(0, None), (1, None), (2, prefix), (3, prefix)]
     marker = object()
     cache[prefix] = marker
-    views, rest, misses = C.scan_views(array, cache)  # type: ignore[misc]
-    assert views == [None, None, marker, marker]
-    assert rest == b"[" + b",".join(STREAM[:2]) + b"]"
-    assert misses == [(0, None), (1, None)]
+    scanned = C.scan_views(array, cache)
+    assert scanned is not None
+    assert scanned.views == [None, None, marker, marker]
+    assert scanned.rest == b"[" + b",".join(STREAM[:2]) + b"]"
+    assert scanned.misses == [(0, None), (1, None)]
     assert C.scan_views(b"[" + STREAM[2] + b"]", cache) == ([marker], None, [])
     with mock.patch.object(events, "_VIEW_CACHE", {}):
         decode_views(STREAM)
@@ -215,3 +217,23 @@ def test_scan_views_arguments() -> None:
         C.scan_views(b"[]")  # type: ignore[call-arg]
     assert C.scan_views(b"[]", {}) == ([], None, [])
     assert C.scan_views(b"x", {}) is None
+
+
+@needs_c
+def test_the_compiled_results_are_tuples_with_named_fields() -> None:
+    """Like os.stat_result: a tuple (so it unpacks and compares as one) whose items are also named."""
+    assert C is not None
+    scanned = C.scan_views(b'[{"type":"ping"}]', {})
+    assert type(scanned) is C.ScannedViews and isinstance(scanned, tuple)
+    assert C.ScannedViews.__module__ == "gateway._views_c"
+    assert C.ScannedViews.__match_args__ == ("views", "rest", "misses")
+    views, rest, misses = scanned
+    assert (
+        (views, rest, misses)
+        == (scanned.views, scanned.rest, scanned.misses)
+        == ([None], b'[{"type":"ping"}]', [(0, None)])
+    )
+    split = C.split_sse(b"event: a\ndata: 1\n\n")
+    assert type(split) is C.SplitSse and isinstance(split, tuple)
+    assert C.SplitSse.__match_args__ == ("events", "array", "frame_count")
+    assert tuple(split) == (split.events, split.array, split.frame_count) == (b"event: a", b"[1]", 1)
