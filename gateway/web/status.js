@@ -93,9 +93,9 @@ async function refresh() {
       ...TOKEN_TYPES.flatMap(([key, label]) => [el("dt", label), el("dd", totals[key], { "data-total": key })]),
     );
     $("aliases").replaceChildren(...body.aliases.map(aliasSection));
-    await refreshUsage(headers);
     $("status-error").hidden = true;
     $("updated").textContent = `Updated ${new Date().toLocaleTimeString()}`;
+    await refreshUsage(headers);
   } catch (e) {
     $("status-error").textContent = `Could not read the status: ${e.message}`;
     $("status-error").hidden = false;

@@ -23,6 +23,8 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
+# the compiled extensions (a C source beside its stub): leaves that import nothing of the project
+EXTENSIONS = {f"{p}.{c.stem}" for p in PACKAGES for c in (ROOT / p).glob("*.c")}
 
 
 def _imported(package: str, node: ast.Import | ast.ImportFrom) -> set[str]:
@@ -33,6 +35,8 @@ def _imported(package: str, node: ast.Import | ast.ImportFrom) -> set[str]:
         for alias in node.names:
             if f"{module}.{alias.name}" in MODULES:
                 found.add(f"{module}.{alias.name}")
+            elif f"{module}.{alias.name}" in EXTENSIONS or module in EXTENSIONS:
+                continue
             elif module in MODULES:
                 found.add(module)
     else:
