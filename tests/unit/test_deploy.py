@@ -61,3 +61,13 @@ def test_dockerfile_and_compose() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     assert {"gateway", "prometheus", "grafana"} <= set(compose["services"])
     parse_settings((DEPLOY / "config" / "gateway.yaml").read_text(), environ={})
+
+
+def test_deployment_leaves_replicas_to_the_hpa() -> None:
+    docs = rendered()
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (hpa,) = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "messages-gateway"}
+    assert deployment["metadata"]["name"] == "messages-gateway"
+    # every `kubectl apply -k` would reset a scaled-out Deployment to the manifest's count
+    assert "replicas" not in deployment["spec"]
