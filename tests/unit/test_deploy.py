@@ -3,6 +3,7 @@ rely on; the container and compose files name the documented paths and probes.""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -71,3 +72,31 @@ def test_deployment_leaves_replicas_to_the_hpa() -> None:
     assert deployment["metadata"]["name"] == "messages-gateway"
     # every `kubectl apply -k` would reset a scaled-out Deployment to the manifest's count
     assert "replicas" not in deployment["spec"]
+
+
+def strings(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        return [s for k, v in node.items() for s in [str(k), *strings(v)]]
+    if isinstance(node, list):
+        return [s for v in node for s in strings(v)]
+    return [node] if isinstance(node, str) else []
+
+
+def test_compose_binds_loopback_and_suits_podman_compose() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            # an open gateway, Grafana's admin/admin and Prometheus' /-/quit stay on this machine
+            assert str(port).startswith("127.0.0.1:"), (name, port)
+    # podman-compose 1.0.3 passes ${VAR:-} (an empty default) through literally: plain ${VAR} or none
+    assert not [s for s in strings(compose) if re.search(r"\$\{[^}]*-\}", s)]
+    gateway = compose["services"]["gateway"]
+    # provider credentials and keys pass through from the shell (unset there: unset in the container)
+    assert gateway["environment"]["GATEWAY_API_KEY"] is None
+    assert gateway["environment"]["ANTHROPIC_API_KEY"] is None
+    # the image's HEALTHCHECK again (an OCI-format build, podman-compose build's, drops it): the same probe
+    kind, command = gateway["healthcheck"]["test"]
+    probe = re.compile(r"import sys, urllib\.request; [^\"]*")
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert kind == "CMD-SHELL" and "http://127.0.0.1:8080/healthz" in command
+    assert probe.findall(command) == probe.findall(dockerfile.split("HEALTHCHECK", 1)[1])[:1]
