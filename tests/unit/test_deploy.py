@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ import yaml
 
 from gateway.settings import parse_settings
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
 
 
 def rendered() -> list[dict[str, Any]]:
@@ -100,3 +102,40 @@ def test_compose_binds_loopback_and_suits_podman_compose() -> None:
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     assert kind == "CMD-SHELL" and "http://127.0.0.1:8080/healthz" in command
     assert probe.findall(command) == probe.findall(dockerfile.split("HEALTHCHECK", 1)[1])[:1]
+
+
+def test_dockerfile_builds_offline_pinned_and_slim() -> None:
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    # a `# syntax=` directive makes BuildKit pull a frontend image: offline builders fail on it
+    assert not re.search(r"^#\s*syntax\s*=", dockerfile, re.MULTILINE | re.IGNORECASE)
+    assert "COPY requirements/constraints.txt" in dockerfile
+    assert re.search(r"pip install -c requirements/constraints\.txt /wheels/", dockerfile)
+    # uid 10001 is above SYS_UID_MAX: a --system account warns
+    (useradd,) = re.findall(r"useradd[^\n]*(?:\\\n[^\n]*)*", dockerfile)
+    assert "--uid 10001" in useradd and "--system" not in useradd
+    # what the runtime never runs leaves the venv in the builder stage, before the copy
+    builder, runtime = dockerfile.split("AS runtime")
+    assert re.search(r"pip uninstall -q -y faker polyfactory", builder)
+    assert re.search(r"pip uninstall -q -y pip setuptools", builder)
+    assert "COPY --from=builder /opt/venv /opt/venv" in runtime and "gcc" not in runtime
+
+
+def test_constraints_pin_every_dependency_within_pyproject() -> None:
+    from packaging.requirements import Requirement
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = {}
+    for line in (ROOT / "requirements" / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith((" ", "#")):
+            name, version = line.split("==")
+            pins[canonical(name)] = version
+    wanted = [Requirement(r) for r in pyproject["dependencies"] + pyproject["optional-dependencies"]["test"]]
+    for requirement in wanted:
+        name = canonical(requirement.name)
+        assert name in pins, f"{requirement.name} is not pinned: regenerate requirements/constraints.txt"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (str(requirement), pins[name])
+    assert "messages-gateway" not in pins
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
