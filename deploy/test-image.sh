@@ -81,7 +81,9 @@ cleanup() {
   if [ "${MESSAGES_GATEWAY_KEEP:-0}" = 1 ]; then
     echo "kept: containers ${CONTAINERS[*]:-none}, directory $WORK"
   else
-    for c in "${CONTAINERS[@]}"; do "${ENGINE:-podman}" rm -f -t 0 "$c" >/dev/null 2>&1 || true; done
+    local c rm=(rm -f)
+    [ "${ENGINE:-podman}" = podman ] && rm+=(-t 0) # docker rm -f has no -t (it kills at once anyway)
+    for c in "${CONTAINERS[@]}"; do "${ENGINE:-podman}" "${rm[@]}" "$c" >/dev/null 2>&1 || true; done
     rm -rf "$WORK"
   fi
   exit "$rc"
