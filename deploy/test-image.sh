@@ -305,13 +305,19 @@ build_image() {
   else
     # --format docker: the OCI format has no HEALTHCHECK (podman build drops it with a warning).
     # --network host: the build's apt-get and pip reach the mirrors without a container network.
-    podman build --format docker --network host --pull=never -f deploy/Dockerfile -t "$IMAGE" . \
-      >"$WORK/build.log" 2>&1 || {
-      tail -n 40 "$WORK/build.log" >&2
-      return 1
-    }
-    # images this script built before and that no tag names any more
-    podman image prune -f --filter label=org.opencontainers.image.title=messages-gateway >/dev/null 2>&1 || true
+    # The builder stage is tagged too (the same cached layers), so that the prune below, of what earlier
+    # runs built and no tag names any more (~660 MB a builder), keeps the cache of this one.
+    local stage args=(--format docker --network host --pull=never --label io.messages-gateway.test-image=1
+      -f deploy/Dockerfile)
+    for stage in builder runtime; do
+      podman build "${args[@]}" --target "$stage" -t "$IMAGE$([ "$stage" = runtime ] || echo -builder)" . \
+        >>"$WORK/build.log" 2>&1 || {
+        tail -n 40 "$WORK/build.log" >&2
+        return 1
+      }
+    done
+    podman image prune -f --filter label=io.messages-gateway.test-image=1 >/dev/null 2>&1 || true
+    podman image prune -f --filter label=io.messages-gateway.standin >/dev/null 2>&1 || true # older stand-ins
   fi
   grep -iE 'warn' "$WORK/build.log" | grep -v -iE 'pip.*root|WARNING: Running pip' | sed 's/^/  build: /' || true
   "$ENGINE" image inspect --format "$IMAGE: {{.Size}} bytes" "$IMAGE"
