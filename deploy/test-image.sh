@@ -240,7 +240,8 @@ path-exclude /usr/share/locale/*
 path-include /usr/share/locale/locale.alias
 EOF
   mkdir -p "$CACHE"
-  tar --numeric-owner -C "$dir" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
+  tar --numeric-owner -C "$dir" -cf "$tarball.tmp" .
+  mv "$tarball.tmp" "$tarball"
   rm -rf "$dir"
   find "$CACHE" -maxdepth 1 -name 'standin-*.tar' -not -name "standin-$key.tar" -delete # older recipes
 }
@@ -681,6 +682,8 @@ main() {
   step "tools: install what is missing" install_tools
   step "base image: $BASE" prepare_base
   step "build deploy/Dockerfile" build_image
+  TOOLS=$CACHE/tools-venv # kubernetes-validate, and PyYAML for the configs below
+  step "tools: $KUBERNETES_VALIDATE" tools_venv
 
   # 1. the image as shipped: its default config, hardened
   NAME=$RUN_ID-default
@@ -706,16 +709,13 @@ main() {
   CM_DIR=$WORK/configmap
   mkdir -p "$CM_DIR"
   chmod 755 "$WORK" "$CM_DIR"
+  # compose's config (the image's mock config, listening on every interface) with a slow alias; v2 adds one
   local v1=$WORK/gateway-v1.yaml
-  {
-    cat deploy/config/gateway.yaml
-    printf '\n# deploy/test-image.sh: a stream in flight during `stop`\n'
-  } >"$v1"
-  python3 - "$v1" "$WORK/gateway-v2.yaml" <<'EOF'
+  "$TOOLS/bin/python" - deploy/config/gateway.yaml "$v1" "$WORK/gateway-v2.yaml" <<'EOF'
 import sys
 import yaml
-v1, v2 = sys.argv[1:]
-config = yaml.safe_load(open(v1))
+source, v1, v2 = sys.argv[1:]
+config = yaml.safe_load(open(source))
 config["server"]["drain_timeout_s"] = 30
 config["providers"]["slow"] = {"kind": "mock", "deltas": 24, "event_delay_ms": 150}
 config["models"] = {"claude-slow": {"targets": [{"provider": "slow"}]}, **config["models"]}
@@ -733,8 +733,6 @@ EOF
 
   # 3. the other deploy files
   check "compose file: loopback ports, pass-through env" check_compose
-  TOOLS=$CACHE/tools-venv
-  step "tools: $KUBERNETES_VALIDATE" tools_venv
   export TOOLS
   check "kustomize + kubernetes-validate --strict" check_manifests
 
