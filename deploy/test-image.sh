@@ -449,6 +449,36 @@ check_metrics() {
   echo "$(printf '%s\n' "$body" | grep -vc '^#') samples, gateway_requests_total{alias=\"$ALIAS\"} present"
 }
 
+check_ledger() { # the requests above are rows of the usage ledger, in the image's volume, read back by its API
+  local rows
+  rows=$("$ENGINE" exec "$NAME" python -c '
+import os, sqlite3, time
+path = os.path.join(os.environ["MESSAGES_GATEWAY_DATA_DIR"], "ledger.db")
+for _ in range(40):
+    try:
+        n = sqlite3.connect(path).execute("SELECT COUNT(*) FROM requests").fetchone()[0]
+    except sqlite3.Error:
+        n = 0
+    if n >= 2:
+        break
+    time.sleep(0.25)
+print(path, n)')
+  [ "${rows##* }" -ge 2 ] || {
+    echo "ledger: $rows"
+    exit 1
+  }
+  "$ENGINE" inspect --format '{{range .Mounts}}{{.Destination}} {{end}}' "$NAME" | grep -q /var/lib/messages-gateway
+  local report
+  report=$(curl -fsS -m 5 "http://127.0.0.1:$PORT/v1/organizations/usage_report/messages?starting_at=$(date -u +%Y-%m-%d)T00:00:00Z&ending_at=$(date -u -d tomorrow +%Y-%m-%d)T00:00:00Z")
+  printf '%s' "$report" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+n = sum(r["requests"] for b in d["data"] for r in b["results"])
+assert n >= 2, d
+print("usage report: %d requests today" % n)'
+  echo "$rows rows in the volume; the usage report reads them"
+}
+
 proc1() { "$ENGINE" exec "$NAME" cat /proc/1/status; }
 
 check_non_root() {
@@ -696,6 +726,7 @@ main() {
   check "POST /v1/messages (JSON)" check_json_message
   check "POST /v1/messages (stream)" check_stream
   check "GET /metrics" check_metrics
+  check "usage ledger in the data volume, report" check_ledger
   check "runs as uid 10001, not root" check_non_root
   check "read-only, no capabilities, no-new-privs" check_hardening
   check "C extensions active in the process" check_extensions

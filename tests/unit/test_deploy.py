@@ -118,6 +118,10 @@ def test_dockerfile_builds_offline_pinned_and_slim() -> None:
     assert re.search(r"pip uninstall -q -y faker polyfactory", builder)
     assert re.search(r"pip uninstall -q -y pip setuptools", builder)
     assert "COPY --from=builder /opt/venv /opt/venv" in runtime and "gcc" not in runtime
+    # the usage ledger's default SQLite file lives in a volume owned by the gateway's user
+    assert 'VOLUME ["/var/lib/messages-gateway"]' in runtime
+    assert "MESSAGES_GATEWAY_DATA_DIR=/var/lib/messages-gateway" in runtime
+    assert "[postgres]" in dockerfile
 
 
 def test_constraints_pin_every_dependency_within_pyproject() -> None:
