@@ -9,6 +9,8 @@ and delta kinds that agree with the block kind.
 
 from __future__ import annotations
 
+import re
+
 from enum import IntEnum
 
 from gateway.events import KNOWN_EVENTS, EventView
@@ -23,6 +25,10 @@ class State(IntEnum):
     DELTA = 3  # message_delta seen: only more message_delta, then message_stop
     DONE = 4  # message_stop seen: success, terminal
     FAILED = 5  # error seen (or a violation reported): terminal
+
+
+_EVENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+"""What an event type this gateway does not know may look like to be carried through as an ``event:`` name."""
 
 
 class Violation(Exception):
@@ -125,6 +131,8 @@ class StreamValidator:
                 raise Violation(_RULES[etype], f"{etype} is not allowed in state {state.name.lower()}")
             if not etype:
                 raise Violation("untyped_event", "event that is not a JSON object with a type")
+            if not _EVENT_NAME.fullmatch(etype):  # it becomes the frame's `event:` line: no line break, no space
+                raise Violation("event_name", f"event type {etype[:40]!r} cannot be an SSE event name")
             return  # an event type newer than this gateway: carried through, state unchanged
         if etype == "content_block_start":
             self._start_block(view)

@@ -181,3 +181,20 @@ def test_full_stream() -> None:
     ]:
         v.check(event)
     assert v.state is State.DONE
+
+
+@pytest.mark.parametrize("etype", ["co\ntent_block_stop", "x\rdata: {}", "two words", "a" * 65, "é"])
+def test_an_unknown_type_that_cannot_be_an_event_name_is_a_violation(etype: str) -> None:
+    """An unknown type is carried through as the frame's ``event:`` line: a line break in it would let a
+    provider write SSE lines of its own into the client's stream (found by test_fuzz)."""
+    v = validator_in(State.BLOCK)
+    with pytest.raises(Violation) as info:
+        v.check(view(etype))
+    assert info.value.rule == "event_name"
+
+
+@pytest.mark.parametrize("etype", ["future_event", "vertex.event", "ns:thing-2"])
+def test_an_unknown_type_that_is_a_name_passes(etype: str) -> None:
+    v = validator_in(State.BLOCK)
+    v.check(view(etype))
+    assert v.state is State.BLOCK
