@@ -246,11 +246,12 @@ async def wait_ready(proc: Proc, port: int, path: str, limit_s: float, headers: 
     raise RuntimeError(f"{proc.name} not ready on port {port} after {limit_s:.0f} s ({last}):\n{proc.log_tail()}")
 
 
-def gateway_config(port: int, upstream_port: int) -> str:
+def gateway_config(port: int, upstream_port: int, store: str = "off") -> str:
+    """``store``: the usage ledger — ``off``, or a ``store.url`` (``sqlite:///…``, ``postgresql://…``)."""
+    ledger = "store: {enabled: false}\n" if store == "off" else f'store: {{url: "{store}"}}\n'
     return (
         f"server: {{host: {HOST}, port: {port}}}\n"
-        "auth: {open: true}\n"
-        "providers:\n"
+        "auth: {open: true}\n" + ledger + "providers:\n"
         f'  up: {{kind: anthropic, api_key: bench, base_url: "http://{HOST}:{upstream_port}"}}\n'
         f'  bedrock: {{kind: bedrock, region: us-east-1, base_url: "http://{HOST}:{upstream_port}", '
         "access_key_id: AKIDBENCH, secret_access_key: bench-secret}\n"
@@ -794,6 +795,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--load-cpu", type=int, default=1, help="core for the fake upstream and the load generator")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for <timestamp>.json and .md")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    parser.add_argument(
+        "--store",
+        default="off",
+        help="the gateway's usage ledger: off (default), sqlite (a file in the run's directory) or a store.url",
+    )
     return parser.parse_args(argv)
 
 
@@ -845,6 +851,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "ttft_repeats": opts.ttft_repeats,
             "ttft_requests": opts.ttft_requests,
             "scenarios": [s.name for s in scenarios],
+            "store": args.store,
             "logs": str(work),
         },
         "results": [],
@@ -858,7 +865,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         env=child_env(),
     )
     config = work / "gateway.yaml"
-    config.write_text(gateway_config(gw_port, up_port))
+    store = args.store
+    if store == "sqlite":
+        store = f"sqlite:///{work}/ledger.db"
+    config.write_text(gateway_config(gw_port, up_port, store))
     gateway = Proc(
         "gateway",
         gateway_argv(config, gw_port, args.workers),
