@@ -10,7 +10,6 @@ and delta kinds that agree with the block kind.
 from __future__ import annotations
 
 import re
-
 from enum import IntEnum
 
 from gateway.events import KNOWN_EVENTS, EventView
