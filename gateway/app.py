@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import threading
 import time
@@ -19,7 +20,7 @@ from gateway.api import HANDLERS, exception_handlers
 from gateway.core import Gateway
 from gateway.errors import GatewayError, new_request_id
 from gateway.messages import messages_endpoint, method_not_allowed, send_error
-from gateway.metrics import Metrics
+from gateway.metrics import Metrics, multiprocess_dir
 from gateway.pages import PAGE_HANDLERS
 from gateway.reports import REPORT_HANDLERS
 from gateway.resilience import Resilience
@@ -188,6 +189,10 @@ def create_app(
             if watcher is not None:
                 watcher.cancel()
             await gateway.aclose()
+            if multiprocess_dir():  # this worker's live gauges leave the merged sums
+                from prometheus_client import multiprocess
+
+                multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
     return GatewayApp(
         Litestar(

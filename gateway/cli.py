@@ -6,13 +6,15 @@ import argparse
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gateway.server import PROTOCOL
-from gateway.settings import ConfigError, default_config_path, load_settings
+from gateway.settings import ConfigError, Settings, default_config_path, load_settings
 
 if TYPE_CHECKING:
     from gateway.app import GatewayApp
@@ -70,12 +72,24 @@ def serving_warnings(
             "gateway._views_c was not built (no C compiler at install time): every event is decoded by msgspec, "
             "~0.1 ms more CPU per 200-delta stream"
         )
-    if workers > 1:
-        notes.append(
-            f"{workers} workers: /metrics shows one worker process per scrape (counters are per process); "
-            "for exact metrics run workers: 1 per container and scale out with replicas"
-        )
     return notes
+
+
+def multiprocess_metrics(workers: int) -> Callable[[], None]:
+    """With several workers, prometheus-client's multiprocess mode: each worker writes its values to files in a
+    fresh directory and a scrape of any worker merges them all, so ``/metrics`` is exact for any N. Returns what
+    removes the directory when the server has stopped (nothing to do for one worker, or a directory the operator
+    set with ``PROMETHEUS_MULTIPROC_DIR``)."""
+    if workers <= 1 or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return lambda: None
+    directory = tempfile.mkdtemp(prefix="messages-gateway-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # before the workers start: they import prometheus_client
+
+    def cleanup() -> None:
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        shutil.rmtree(directory, ignore_errors=True)
+
+    return cleanup
 
 
 def _stopped(signum: int, frame: object) -> None:
@@ -103,6 +117,16 @@ def _serve(args: argparse.Namespace) -> int:
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it found here: a
     # stop that drained is a clean exit (status 0, what `docker stop` / Kubernetes expect), not a death by signal
     signal.signal(signal.SIGTERM, _stopped)
+    os.environ["MESSAGES_GATEWAY_WORKERS"] = str(workers)  # what the workers report (the status's `worker`)
+    cleanup = multiprocess_metrics(workers)
+    try:
+        _run(uvicorn, settings, host, port, workers)
+    finally:
+        cleanup()
+    return 0
+
+
+def _run(uvicorn: Any, settings: Settings, host: str, port: int, workers: int) -> None:
     uvicorn.run(
         "gateway.cli:app_from_env",
         factory=True,
@@ -118,7 +142,6 @@ def _serve(args: argparse.Namespace) -> int:
         # (gateway.app); uvicorn's own limit is a backstop a little later.
         timeout_graceful_shutdown=math.ceil(settings.server.drain_timeout_s) + 5,
     )
-    return 0
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -73,7 +73,7 @@ class Gateway:
         self._retired: set[Runtime] = set()  # replaced runtimes whose adapters are not closed yet
         self.runtime = build_runtime(settings, client, metrics, resilience)
         self._adopt(self.runtime)
-        metrics.registry.register(BreakerCollector(self))
+        metrics.live.register(BreakerCollector(self))
         self.ledger = _ledger(settings.store, metrics)  # process-wide: a reload does not move it
         # where every finished request is recorded
         self.recorder = Recorder.default(metrics, self.ledger, key_labels=settings.metrics.labels)

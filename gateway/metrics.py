@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -10,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from gateway.events import Usage
 from gateway.settings import Price
 
-__all__ = ["CONTENT_TYPE", "TOKEN_TYPES", "Metrics"]
+__all__ = ["CONTENT_TYPE", "TOKEN_TYPES", "Metrics", "multiprocess_dir"]
 
 # The ``type`` label of gateway_tokens_total, in the order _Children holds them.
 TOKEN_TYPES = ("input", "output", "cache_read", "cache_creation")
@@ -20,6 +21,12 @@ _MISSING = object()
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+def multiprocess_dir() -> str | None:
+    """prometheus-client's multiprocess directory: set by the CLI for ``workers > 1`` (each worker writes its
+    values there; a scrape merges them), or by the operator."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
 class Metrics:
@@ -50,7 +57,10 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.inflight = Gauge("gateway_inflight_requests", "Requests being served.", registry=r)
+        # with several workers (multiprocess mode) the gauges are summed over the live worker processes
+        self.inflight = Gauge(
+            "gateway_inflight_requests", "Requests being served.", registry=r, multiprocess_mode="livesum"
+        )
         self.violations = Counter(
             "gateway_stream_violations", "Upstream streams that broke the protocol.", ["provider", "rule"], registry=r
         )
@@ -98,8 +108,13 @@ class Metrics:
             registry=r,
         )
         self.ledger_queue_rows = Gauge(
-            "gateway_ledger_queue_rows", "Usage ledger rows waiting to be written.", registry=r
+            "gateway_ledger_queue_rows",
+            "Usage ledger rows waiting to be written.",
+            registry=r,
+            multiprocess_mode="livesum",
         )
+        # collectors that read this process's live state at scrape time (the breakers): per worker
+        self.live = CollectorRegistry()
         self.pricing: list[tuple[str, Price]] = []
         self.tracer: Any = None  # an OpenTelemetry tracer when server.tracing is on
         self._prices: dict[str, Price | None] = {}
@@ -168,13 +183,27 @@ class Metrics:
         return price  # type: ignore[return-value]
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition: every worker's counters, histograms and gauges merged (multiprocess mode, when the
+        CLI serves several workers), else this process's; then this process's live collectors."""
+        return generate_latest(self._merged() or self.registry) + generate_latest(self.live)
+
+    @staticmethod
+    def _merged() -> CollectorRegistry | None:
+        if not multiprocess_dir():
+            return None
+        from prometheus_client import multiprocess
+
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+        return merged
 
     def totals(self, counter: Counter, key: str) -> dict[tuple[str, str, str], dict[str, float]]:
         """A counter's current values as ``{(alias, provider, model): {<label key>: value}}``: what the status
         page shows, read from the same samples ``/metrics`` renders."""
         out: dict[tuple[str, str, str], dict[str, float]] = {}
-        for family in counter.collect():
+        merged = self._merged()
+        families = counter.collect() if merged is None else [f for f in merged.collect() if f.name == counter._name]
+        for family in families:
             for sample in family.samples:
                 if sample.name.endswith("_total"):
                     labels = sample.labels

@@ -90,7 +90,13 @@ def _time(value: str, name: str) -> int:
         raise InvalidRequest(f"{name}: not an RFC 3339 timestamp: {value[:40]!r}") from None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
-    return int(parsed.timestamp() * 1000)
+    ms = int(parsed.timestamp() * 1000)
+    if not 0 <= ms < _YEAR_3000_MS:
+        raise InvalidRequest(f"{name}: {value[:40]!r} is outside 1970-01-01 .. 2999-12-31")
+    return ms
+
+
+_YEAR_3000_MS = 32_503_680_000_000
 
 
 def _iso(ms: int) -> str:
@@ -119,7 +125,8 @@ def parse_report_query(params: dict[str, list[str]], *, cost: bool, now_ms: int)
     started = _one(params, "starting_at")
     if started is None:
         raise InvalidRequest("starting_at: required")
-    width = _one(params, "bucket_width") or "1d"
+    width = _one(params, "bucket_width")
+    width = "1d" if width is None else width
     if width not in _WIDTHS or (cost and width != "1d"):
         allowed = "1d" if cost else "1m, 1h or 1d"
         raise InvalidRequest(f"bucket_width: {width!r} is not one of {allowed}")
@@ -149,7 +156,8 @@ def parse_report_query(params: dict[str, list[str]], *, cost: bool, now_ms: int)
     page_start = start + first * step
     page_end = start + min(buckets, first + limit) * step
     query = UsageQuery(start_ms=page_start, end_ms=page_end, bucket_ms=step, group_by=columns, filters=filters)
-    fmt = _one(params, "format") or "json"
+    fmt = _one(params, "format")
+    fmt = "json" if fmt is None else fmt
     if fmt not in ("json", "csv"):
         raise InvalidRequest(f"format: {fmt!r} is not json or csv")
     return ReportQuery(
@@ -163,7 +171,7 @@ def _page(cursor: str | None, start: int, step: int, buckets: int) -> int:
         return 0
     try:
         at = _time(base64.b64decode(cursor.removeprefix("page_"), validate=True).decode(), "page")
-    except (binascii.Error, UnicodeDecodeError, InvalidRequest):
+    except (binascii.Error, ValueError, InvalidRequest):  # ValueError: not ASCII; UnicodeDecodeError is one
         raise InvalidRequest("page: not a cursor this report gave") from None
     index, rest = divmod(at - start, step)
     if rest or not 0 <= index < buckets:

@@ -4,6 +4,7 @@ routes with, read at the moment of the request. Keyed like the other routes when
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,10 @@ def status_document(
     tokens = gw.metrics.totals(gw.metrics.tokens, "type")
     outcomes = gw.metrics.totals(gw.metrics.requests, "outcome")
     routes = [route for route in gw.routes.all_routes() if visible is None or visible(route)]
-    return {"aliases": [_route(route, now, tokens, outcomes) for route in routes]}
+    # Token totals and outcomes are every worker's (merged); target health is the answering worker's own.
+    workers = int(os.environ.get("MESSAGES_GATEWAY_WORKERS") or gw.settings.server.workers)  # set by `serve`
+    worker = {"pid": os.getpid(), "workers": workers}
+    return {"aliases": [_route(route, now, tokens, outcomes) for route in routes], "worker": worker}
 
 
 def _sum(totals: _Totals, alias: str, provider: str | None, model: str | None, keys: tuple[str, ...] = ()) -> Any:

@@ -94,7 +94,8 @@ async function refresh() {
     );
     $("aliases").replaceChildren(...body.aliases.map(aliasSection));
     $("status-error").hidden = true;
-    $("updated").textContent = `Updated ${new Date().toLocaleTimeString()}`;
+    const worker = body.worker && body.worker.workers > 1 ? ` · health from worker ${body.worker.pid} of ${body.worker.workers}` : "";
+    $("updated").textContent = `Updated ${new Date().toLocaleTimeString()}${worker}`;
     await refreshUsage(headers);
   } catch (e) {
     $("status-error").textContent = `Could not read the status: ${e.message}`;

@@ -284,3 +284,43 @@ def test_kill_9_loses_at_most_the_last_flush_interval(tmp_path: Path, serve: obj
     assert len(lost) < len(answered) / 2  # most of the load was written before the kill
     oldest = max([age for _, age in lost], default=0.0)
     print(f"kill -9: {len(lost)} of {len(answered)} answered requests lost, the oldest {oldest:.3f} s old")
+
+
+def _requests_total(text: str, alias: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("gateway_requests_total{") and f'alias="{alias}"' in line
+    )
+
+
+def test_several_workers_give_exact_metrics_on_every_scrape(tmp_path: Path, serve: object) -> None:
+    """workers: 2 — every scrape, whichever worker answers it, counts every request of both (prometheus-client's
+    multiprocess mode); before, 20 requests read 11, then 9, then 11. The status answers say which worker they
+    come from, and their token totals are both workers' too."""
+    config, db = tmp_path / "g.yaml", tmp_path / "ledger.db"
+    write(config, "m1")
+    config.write_text(config.read_text() + f'store: {{url: "sqlite:///{db}", flush_interval_s: 0.2}}\n')
+    served = serve(config, "--workers", "2")  # type: ignore[operator]
+    pids = set()
+    with httpx.Client(base_url=served.url, timeout=10) as http:  # new connections: both workers serve
+        for _ in range(20):
+            with httpx.Client(base_url=served.url, timeout=10) as one:
+                assert one.post("/v1/messages", json={**KW, "model": "live"}).status_code == 200
+        scrapes = []
+        for _ in range(8):
+            with httpx.Client(base_url=served.url, timeout=10) as one:
+                scrapes.append(_requests_total(one.get("/metrics").text, "live"))
+                status = one.get("/v1/gateway/status").json()
+                pids.add(status["worker"]["pid"])
+                assert status["worker"]["workers"] == 2
+                (live,) = [a for a in status["aliases"] if a["alias"] == "live"]
+                assert live["requests"] == {"completed": 20}
+        assert http.get("/metrics").status_code == 200
+    assert scrapes == [20.0] * 8
+    assert len(pids) >= 1
+    deadline = time.monotonic() + 10  # both workers write the one SQLite ledger (WAL, busy timeout)
+    while len(_ledger_ids(db)) < 20 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(_ledger_ids(db)) == 20
+    assert "/metrics shows one worker" not in served.log.read_text()  # the warning is gone

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tests.conftest import RunningGateway, run_gateway
 
@@ -46,4 +47,9 @@ def error_envelope(ctx: Any, response: Any, case: Any) -> bool | None:
 @schema.parametrize()
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 def test_every_operation_answers_as_documented(case: Any, gw: RunningGateway) -> None:
-    case.call_and_validate(base_url=gw.url, timeout=10, additional_checks=[error_envelope])
+    excluded = []
+    if case.operation.path.startswith("/v1/organizations/"):
+        # a report's window is valid only when ending_at comes after starting_at (the Admin API answers 400
+        # otherwise, and so does the gateway): a relation between two parameters OpenAPI cannot state
+        excluded.append(positive_data_acceptance)
+    case.call_and_validate(base_url=gw.url, timeout=10, additional_checks=[error_envelope], excluded_checks=excluded)

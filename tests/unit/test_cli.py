@@ -1,14 +1,35 @@
-"""The CLI's serving notes: metrics are per process, so several workers get a warning."""
+"""The CLI's serving notes, and the multiprocess metrics directory it makes for several workers."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from gateway.cli import main, serving_warnings
 
 
-def test_one_worker_is_the_metrics_mode() -> None:
+def test_several_workers_need_no_warning_any_more() -> None:
+    """Their /metrics is exact (multiprocess mode, tests/e2e/test_lifecycle.py)."""
     assert serving_warnings(1, decoder="c", views=True) == []
-    (note,) = serving_warnings(4, decoder="c", views=True)
-    assert "per process" in note and "workers: 1" in note
+    assert serving_warnings(4, decoder="c", views=True) == []
+
+
+def test_several_workers_get_a_multiprocess_directory(monkeypatch: Any) -> None:
+    import os
+
+    from gateway.cli import multiprocess_metrics
+
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")  # recorded, so the test leaves the variable as it found it
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    multiprocess_metrics(1)()
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+    cleanup = multiprocess_metrics(2)
+    directory = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    assert os.path.isdir(directory)
+    cleanup()
+    assert not os.path.exists(directory) and "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/operator/chose")
+    multiprocess_metrics(4)()  # the operator's directory is theirs
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == "/operator/chose"
 
 
 def test_a_missing_compiled_decoder_is_announced() -> None:
