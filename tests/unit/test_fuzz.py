@@ -119,8 +119,10 @@ def client_side(stream: Any) -> list[dict[str, Any]]:
     return events
 
 
-def check_client_stream(events: list[dict[str, Any]], sent: list[bytes]) -> None:
-    """A valid prefix; ends in message_stop only if the provider's own events, unchanged, got there."""
+def check_client_stream(events: list[dict[str, Any]], sent: list[tuple[str, bytes]]) -> None:
+    """A valid prefix; ends in message_stop only if the provider's own events, unchanged, got there. ``sent``:
+    each well-formed frame's event name and data (a data without a type is named by its event line, as the
+    gateway names it)."""
     if not events:
         return
     all_types = [e["type"] for e in events]
@@ -132,17 +134,18 @@ def check_client_stream(events: list[dict[str, Any]], sent: list[bytes]) -> None
     assert all_types[-1] == types[-1]
     assert types.count("message_stop") + types.count("error") <= 1
     if types[-1] == "message_stop":
-        provider = [json.loads(d.decode("utf-8", "replace")) for d in sent]
-        stop = next(i for i, e in enumerate(provider) if e.get("type") == "message_stop")
+        provider = [json.loads(d.decode("utf-8", "replace")) for _, d in sent]
+        names = [e.get("type") or name for e, (name, _) in zip(provider, sent, strict=True)]
+        stop = names.index("message_stop")
         kept = [e for e in provider[: stop + 1] if e.get("type") != "ping"]
         assert [e["data"] for e in events if e["type"] != "ping"] == kept
     else:
         assert types[-1] == "error" and "message_stop" not in types
 
 
-def sse_datas(body: bytes) -> list[bytes]:
-    """The data of each well-formed frame, in order (what the provider meant to send), pings left out (by their
-    event name, as the client's side is)."""
+def sse_datas(body: bytes) -> list[tuple[str, bytes]]:
+    """The event name and data of each well-formed frame, in order (what the provider meant to send), pings left
+    out (by their event name, as the client's side is)."""
     out = []
     for frame in SseDecoder().feed(body):
         try:
@@ -151,7 +154,7 @@ def sse_datas(body: bytes) -> list[bytes]:
         except (msgspec.DecodeError, ValueError):
             continue
         if frame.event != b"ping":
-            out.append(frame.data)
+            out.append((frame.event.decode("utf-8", "replace") if frame.event else "", frame.data))
     return out
 
 
@@ -208,7 +211,8 @@ def test_any_damage_to_a_bedrock_event_stream_ends_in_error_or_the_providers_own
     body, datas = BEDROCK[name]
     damaged = apply_edits(body, edits)
     stream = BedrockEventStream(_Resp(cut(damaged, cuts), broken=broken), "p", None)  # type: ignore[arg-type]
-    check_client_stream(client_side(stream), datas)  # CRCs guard every frame: damage never reaches the client
+    sent = [("", d) for d in datas]
+    check_client_stream(client_side(stream), sent)  # CRCs guard every frame: damage never reaches the client
     if edits == [] and not broken:
         assert client_side(BedrockEventStream(_Resp(cut(body, cuts)), "p", None))[-1]["type"] == "message_stop"  # type: ignore[arg-type]
 
