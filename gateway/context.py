@@ -43,6 +43,7 @@ class RequestContext:
         "path",
         "reply",
         "request_id",
+        "response_headers",
         "runtime",
         "session_id",
         "stream",
@@ -73,3 +74,4 @@ class RequestContext:
         self.deadline: float | None = None
         self.attempts = 0  # upstream attempts made so far
         self.stream = False  # the client asked for a stream
+        self.response_headers: dict[str, str] = {}  # the gateway's own headers for the response (a clamp…)

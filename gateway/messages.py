@@ -225,7 +225,10 @@ async def _serve(
         route = runtime.routes.resolve(model)
         tally.alias = route.alias  # routed: from here the request has a ledger row, whatever its outcome
         authorize(key, route, model)
-        if max_tokens is not None:
+        clamped = max_tokens is not None and route.max_tokens is not None and max_tokens > route.max_tokens
+        if clamped and route.max_tokens_policy == "clamp":
+            context.response_headers["x-gateway-max-tokens-clamped"] = f"{max_tokens} -> {route.max_tokens}"
+        elif max_tokens is not None:
             check_max_tokens(max_tokens, route.max_tokens, model)
     except GatewayError as exc:
         tally.status = exc.status_code
@@ -247,6 +250,8 @@ async def _serve(
         request_id=rid,
         forward=server.forward_headers,
     )
+    if "x-gateway-max-tokens-clamped" in context.response_headers:  # max_tokens_policy: clamp
+        request.rewrite({"max_tokens": route.max_tokens})
     tally.begin()
     task = asyncio.current_task()
     assert task is not None
@@ -271,7 +276,12 @@ async def _serve(
         except asyncio.CancelledError:
             tally.record(Outcome.CLIENT_CANCELLED)
             raise
-        extra = {"request-id": rid, **opened.stream.headers, "x-gateway-provider": tally.provider}
+        extra = {
+            "request-id": rid,
+            **opened.stream.headers,
+            "x-gateway-provider": tally.provider,
+            **context.response_headers,
+        }
         tally.upstream_request_id = opened.stream.request_id
         ping_s = route.ping_interval_s or server.ping_interval_s
         deadline = tally.started + runtime.resilience.total_s
@@ -300,7 +310,13 @@ async def _send_answer(send: Send, answer: JsonReply, tally: UsageTally, reply: 
         tally.upstream_request_id = answer.request_id
         tally.record(Outcome.COMPLETED)
     tally.first_byte()
-    headers = {"request-id": tally.context.request_id, **answer.headers, "x-gateway-provider": tally.provider}
+    context = tally.context
+    headers = {
+        "request-id": context.request_id,
+        **answer.headers,
+        "x-gateway-provider": tally.provider,
+        **context.response_headers,
+    }
     await _send_json(send, answer.status, answer.body, headers, reply)
 
 

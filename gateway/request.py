@@ -178,6 +178,12 @@ class ProxyRequest:
         self.extra_headers: dict[str, str] = dict(extra_headers) if extra_headers else {}
         self._fields: dict[str, msgspec.Raw] | None = None
 
+    def rewrite(self, changes: Mapping[str, Any]) -> None:
+        """Change top-level fields of the body itself (the gateway's own policy, e.g. a clamped max_tokens),
+        before any adapter reads it."""
+        self.body = self.body_with(set=changes)
+        self._fields = None
+
     def betas(self) -> list[str]:
         """The ``anthropic-beta`` header as a list of names (Bedrock takes them in the body)."""
         header = self.anthropic_beta

@@ -40,7 +40,16 @@ class Target:
 class Route:
     """An alias: its targets, the balancer that orders them per request, and its per-alias limits."""
 
-    __slots__ = ("alias", "balancer", "display_name", "max_tokens", "ping_interval_s", "strategy", "targets")
+    __slots__ = (
+        "alias",
+        "balancer",
+        "display_name",
+        "max_tokens",
+        "max_tokens_policy",
+        "ping_interval_s",
+        "strategy",
+        "targets",
+    )
 
     def __init__(
         self,
@@ -52,6 +61,7 @@ class Route:
         weights: tuple[float, ...] | None = None,
         ping_interval_s: float | None = None,
         max_tokens: int | None = None,
+        max_tokens_policy: str = "reject",
         rng: random.Random | None = None,
     ) -> None:
         self.alias = alias
@@ -61,6 +71,7 @@ class Route:
         self.balancer = Balancer(strategy, [t.health for t in targets], weights, rng=rng)
         self.ping_interval_s = ping_interval_s
         self.max_tokens = max_tokens
+        self.max_tokens_policy = max_tokens_policy
 
     def plan(self, now: float) -> list[Target]:
         """The targets to try for one request, in order (empty: none is available; see ``panic_order``)."""
@@ -100,6 +111,7 @@ class RouteTable:
                 weights=tuple(t.weight for t in spec.targets),
                 ping_interval_s=spec.ping_interval_s,
                 max_tokens=spec.max_tokens,
+                max_tokens_policy=spec.max_tokens_policy,
                 rng=rng,
             )
             if is_glob(alias):

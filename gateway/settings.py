@@ -280,7 +280,9 @@ class ModelRoute(_Strict, frozen=True, kw_only=True):
     display_name: str | None = None
     strategy: Literal["fallback", "weighted", "round_robin", "least_latency"] = "fallback"
     ping_interval_s: PositiveFloat | None = None  # None: server.ping_interval_s
-    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None  # a ceiling: larger requests get 400
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None  # a ceiling for max_tokens
+    # over the ceiling: reject (400, the default) or clamp (lowered to the ceiling; said in a response header)
+    max_tokens_policy: Literal["reject", "clamp"] = "reject"
 
 
 class Price(_Strict, frozen=True, kw_only=True):

@@ -3,6 +3,7 @@ end to end with the real ``anthropic`` SDK through the gateway to the fake Claud
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -183,3 +184,24 @@ def test_max_tokens_at_the_ceiling_and_count_tokens_are_unaffected(
     assert call(client, "capped", stream=False, max_tokens=512) == "end_turn"
     assert client.messages.count_tokens(model="capped", messages=KW["messages"]).input_tokens > 0
     assert call(client, "sonnet", stream=False, max_tokens=4096) == "end_turn"  # other aliases: no ceiling
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_max_tokens_policy_clamp_lowers_the_request_and_says_so(stream: bool, fake: FakeClaudeAPI) -> None:
+    """Claude Code always asks for 32,000-128,000 tokens: with ``clamp`` the request goes upstream at the ceiling
+    (the rest of the body untouched) and the response says what was changed."""
+    config = policy_config(fake.base_url) + (
+        "  clamped:\n    max_tokens: 512\n    max_tokens_policy: clamp\n"
+        "    targets: [{provider: claude, model: fake-text}]\n"
+    )
+    with run_gateway(config) as gw:
+        body = {**KW, "model": "clamped", "max_tokens": 64000, "system": "be brief", "stream": stream}
+        resp = httpx.post(f"{gw.url}/v1/messages", json=body, headers={"x-api-key": EVERYTHING})
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-gateway-max-tokens-clamped"] == "64000 -> 512"
+        assert ("event: message_stop" in resp.text) if stream else resp.json()["stop_reason"] == "end_turn"
+        sent = json.loads(fake.requests[-1].body)
+        assert sent["max_tokens"] == 512 and sent["system"] == "be brief" and sent["model"] == "fake-text"
+        plain = httpx.post(f"{gw.url}/v1/messages", json={**body, "max_tokens": 100}, headers={"x-api-key": EVERYTHING})
+        assert "x-gateway-max-tokens-clamped" not in plain.headers
+        assert json.loads(fake.requests[-1].body)["max_tokens"] == 100
