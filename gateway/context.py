@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gateway.edge import ClientKey
+    from gateway.limits import Lease
     from gateway.runtime import Runtime
 
 __all__ = ["DRAIN_CANCEL", "Reply", "RequestContext"]
@@ -39,6 +40,7 @@ class RequestContext:
         "deadline",
         "key",
         "last_chunk",
+        "lease",
         "method",
         "path",
         "reply",
@@ -74,4 +76,5 @@ class RequestContext:
         self.deadline: float | None = None
         self.attempts = 0  # upstream attempts made so far
         self.stream = False  # the client asked for a stream
+        self.lease: Lease | None = None  # the request's hold on its rate limits and budgets (gateway.limits)
         self.response_headers: dict[str, str] = {}  # the gateway's own headers for the response (a clamp…)

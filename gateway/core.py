@@ -15,6 +15,7 @@ from adapters import Adapter
 from gateway.context import DRAIN_CANCEL, RequestContext
 from gateway.edge import ClientKey
 from gateway.ledger import Ledger
+from gateway.limits import Limiter
 from gateway.metrics import Metrics
 from gateway.recording import Recorder
 from gateway.resilience import Resilience
@@ -78,6 +79,8 @@ class Gateway:
         # where every finished request is recorded
         self.recorder = Recorder.default(metrics, self.ledger, key_labels=settings.metrics.labels)
         self._ledger_task: asyncio.Task[None] | None = None
+        # process-wide counters (a reload changes the limits, not what has been counted against them)
+        self.limiter = Limiter(on_refusal=lambda limit, scope: metrics.limited.labels(limit, scope).inc())
 
     # the current runtime's parts, for the routes that read one of them once (a request that reads several
     # takes `runtime` itself)

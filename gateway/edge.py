@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from gateway.errors import AuthenticationError, InvalidRequest, PermissionDenied, RequestTooLarge
 from gateway.request import ProxyRequest
-from gateway.settings import ApiKey
+from gateway.settings import ApiKey, LimitSettings, TeamSettings
 
 if TYPE_CHECKING:
     from gateway.routing import Route
@@ -77,6 +77,7 @@ class ClientKey:
     team: str = ""
     user: str = ""
     digest: bytes = field(default=b"", repr=False, compare=False)
+    limits: LimitSettings | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.digest:
@@ -89,7 +90,7 @@ class ClientKey:
         return any(fnmatchcase(alias, p) or (model is not None and fnmatchcase(model, p)) for p in self.models)
 
 
-def build_keys(entries: Iterable[str | ApiKey]) -> list[ClientKey]:
+def build_keys(entries: Iterable[str | ApiKey], teams: Mapping[str, TeamSettings] | None = None) -> list[ClientKey]:
     """The configured ``auth.keys``: a plain string is a key for every alias, named ``key-<position>`` (1-based,
     counting every entry); empty strings (an unset ``${VAR:-}``) are skipped. When two entries hold the same
     key, the first one is the one that matches."""
@@ -99,14 +100,21 @@ def build_keys(entries: Iterable[str | ApiKey]) -> list[ClientKey]:
             if entry:
                 keys.append(ClientKey(name=f"key-{position}", key=entry.encode()))
         else:
-            models = None if entry.models is None else tuple(entry.models)
             team, user = entry.team or "", entry.user or ""
+            allowed = entry.models
+            if allowed is None and teams and team in teams:
+                allowed = teams[team].models  # the team's aliases, unless the key names its own
+            models = None if allowed is None else tuple(allowed)
+            limits = entry.limits
             if entry.key_sha256 is not None:
                 digest = bytes.fromhex(entry.key_sha256)
-                keys.append(ClientKey(name=entry.name, models=models, team=team, user=user, digest=digest))
+                key_entry = ClientKey(
+                    name=entry.name, models=models, team=team, user=user, digest=digest, limits=limits
+                )
+                keys.append(key_entry)
             else:
                 key = (entry.key or "").encode()
-                keys.append(ClientKey(name=entry.name, key=key, models=models, team=team, user=user))
+                keys.append(ClientKey(name=entry.name, key=key, models=models, team=team, user=user, limits=limits))
     return keys
 
 

@@ -230,6 +230,9 @@ async def _serve(
             context.response_headers["x-gateway-max-tokens-clamped"] = f"{max_tokens} -> {route.max_tokens}"
         elif max_tokens is not None:
             check_max_tokens(max_tokens, route.max_tokens, model)
+        if not count:  # a token count is never limited: it is how clients stay under a limit
+            context.lease, limit_headers = gw.limiter.admit(runtime.settings, key)
+            context.response_headers.update(limit_headers)
     except GatewayError as exc:
         tally.status = exc.status_code
         tally.record(Outcome.CLIENT_TIMEOUT if isinstance(exc, ClientTimeout) else Outcome.REJECTED)

@@ -113,6 +113,12 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.limited = Counter(
+            "gateway_limited",
+            "Requests refused by a rate limit or budget, by limit and by the scope it was set on (key, team).",
+            ["limit", "scope"],
+            registry=r,
+        )
         # collectors that read this process's live state at scrape time (the breakers): per worker
         self.live = CollectorRegistry()
         self.pricing: list[tuple[str, Price]] = []

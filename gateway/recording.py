@@ -22,6 +22,7 @@ __all__ = [
     "Finished",
     "KeyMetricsSink",
     "LedgerSink",
+    "LimiterSink",
     "MetricsSink",
     "Recorder",
     "Sink",
@@ -53,7 +54,7 @@ class Finished(msgspec.Struct, kw_only=True):
     model: str  # the upstream model id asked for (pricing, the access line, the ledger)
     model_label: str  # the configured target model, the metrics' label ("" when the client's name is forwarded)
     stream: bool
-    routed: bool  # the request reached routing (it has a ledger row)
+    routed: bool  # a Messages request that reached routing (it has a ledger row; token counts have none)
     outcome: str
     status: int
     usage: Usage
@@ -62,6 +63,7 @@ class Finished(msgspec.Struct, kw_only=True):
     duration: float  # seconds
     attempts: int
     timed: bool  # observe the latency histograms (not for a token count)
+    lease: Any = None  # its hold on rate limits and budgets (gateway.limits.Lease), settled by LimiterSink
 
 
 class Sink(Protocol):
@@ -84,6 +86,22 @@ class MetricsSink:
             timed=finished.timed,
             cost=finished.cost_usd,
         )
+
+
+class LimiterSink:
+    """The tokens and cost a request ended with, counted against the limits that admitted it."""
+
+    def record(self, finished: Finished) -> None:
+        lease = finished.lease
+        if lease is not None:
+            usage = finished.usage
+            tokens = (
+                (usage.input_tokens or 0)
+                + (usage.output_tokens or 0)
+                + (usage.cache_read_input_tokens or 0)
+                + (usage.cache_creation_input_tokens or 0)
+            )
+            lease.settle(tokens, finished.cost_usd)
 
 
 class KeyMetricsSink:
@@ -269,7 +287,7 @@ class Recorder:
 
     @classmethod
     def default(cls, metrics: Metrics, ledger: Ledger | None = None, *, key_labels: Sequence[str] = ()) -> Recorder:
-        sinks: list[Sink] = [MetricsSink(metrics), AccessLogSink(), SpanSink(metrics)]
+        sinks: list[Sink] = [MetricsSink(metrics), AccessLogSink(), SpanSink(metrics), LimiterSink()]
         if key_labels:
             sinks.append(KeyMetricsSink(metrics, key_labels))
         if ledger is not None:

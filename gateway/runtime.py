@@ -123,6 +123,6 @@ def build_runtime(
         adapters,
         routes,
         resilience or Resilience(settings.resilience),
-        build_keys(settings.auth.keys),
+        build_keys(settings.auth.keys, settings.teams),
         build_keys(settings.admin.keys),
     )

@@ -25,10 +25,12 @@ __all__ = [
     "BedrockMantleProvider",
     "BedrockProvider",
     "BreakerSettings",
+    "Budget",
     "ClaudeAwsProvider",
     "ConfigError",
     "EntraSettings",
     "FoundryProvider",
+    "LimitSettings",
     "MetricsSettings",
     "MockProvider",
     "ModelRoute",
@@ -40,6 +42,7 @@ __all__ = [
     "Settings",
     "StoreSettings",
     "TargetConfig",
+    "TeamSettings",
     "TimeoutSettings",
     "VertexProvider",
     "default_config_path",
@@ -109,6 +112,27 @@ class ResilienceSettings(_Strict, frozen=True, kw_only=True):
     timeouts: TimeoutSettings = TimeoutSettings()
 
 
+class Budget(_Strict, frozen=True, kw_only=True):
+    """US dollars per calendar window (UTC), priced from ``pricing``."""
+
+    usd: PositiveFloat
+    per: Literal["day", "week", "month"] = "month"
+
+
+class LimitSettings(_Strict, frozen=True, kw_only=True):
+    """Limits a request must pass (``gateway/limits.py``); unset: no limit of that kind."""
+
+    requests_per_minute: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    tokens_per_minute: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_inflight: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    budget: Budget | None = None
+
+
+class TeamSettings(_Strict, frozen=True, kw_only=True):
+    limits: LimitSettings | None = None
+    models: list[str] | None = None  # aliases (globs) the team's keys may use, unless a key says otherwise
+
+
 class ApiKey(_Strict, frozen=True, kw_only=True):
     """A named key. ``key`` is the secret itself, or ``key_sha256`` its SHA-256 digest in hex (so the file never
     holds the secret: ``printf %s "$KEY" | sha256sum``). ``team`` and ``user`` attribute its requests (the
@@ -120,6 +144,7 @@ class ApiKey(_Strict, frozen=True, kw_only=True):
     models: list[str] | None = None  # aliases (globs allowed) this key may use; None: all
     team: Annotated[str, msgspec.Meta(max_length=128)] | None = None
     user: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+    limits: LimitSettings | None = None  # this key's own limits (instead of the top-level defaults)
 
     def __post_init__(self) -> None:
         if (self.key is None) == (self.key_sha256 is None):
@@ -340,8 +365,17 @@ class Settings(_Strict, frozen=True, kw_only=True):
     pricing: dict[str, Price] = {}  # upstream model id (globs allowed, first match in file order) -> price
     store: StoreSettings = StoreSettings()
     metrics: MetricsSettings = MetricsSettings()
+    limits: LimitSettings | None = None  # the default limits of every key (a key's own replace them)
+    teams: dict[str, TeamSettings] = {}
 
     def __post_init__(self) -> None:
+        budgets = [self.limits, *(t.limits for t in self.teams.values())]
+        budgets += [k.limits for k in self.auth.keys if isinstance(k, ApiKey)]
+        if any(limits is not None and limits.budget is not None for limits in budgets) and not self.pricing:
+            raise ValueError("a budget needs prices: add a `pricing` table for the models it covers")
+        for entry in self.auth.keys:
+            if isinstance(entry, ApiKey) and entry.team and self.teams and entry.team not in self.teams:
+                raise ValueError(f"key {entry.name!r} names team {entry.team!r}, which `teams` does not list")
         if not self.auth.keys and not self.auth.open:
             raise ValueError(
                 "no auth.keys: list the keys clients must send, or say `auth: {open: true}` to serve without one"

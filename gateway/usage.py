@@ -137,7 +137,7 @@ class UsageTally:
             model=self.model,
             model_label=self.model_label,
             stream=context.stream,
-            routed=bool(self.alias),
+            routed=bool(self.alias) and not context.path.endswith("/count_tokens"),  # a count spends nothing
             outcome=outcome,
             status=self.status,
             usage=usage,
@@ -146,4 +146,5 @@ class UsageTally:
             duration=self._clock() - self.started,
             attempts=context.attempts,
             timed=self.timed,
+            lease=context.lease,
         )

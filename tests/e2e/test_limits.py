@@ -1,0 +1,68 @@
+"""Limits end to end with the real SDK, in one process: the SDK's RateLimitError carries the gateway's
+headers, successful responses carry the API's rate-limit headers, count_tokens is never limited, and a
+refusal is in the metrics and the ledger."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from tests.conftest import run_gateway
+from tests.fakes.claude_api import FakeClaudeAPI
+
+KW: dict[str, Any] = {"max_tokens": 64, "messages": [{"role": "user", "content": "hello"}]}
+
+
+def test_a_key_over_its_rate_limit_gets_the_apis_429_and_headers(fake: FakeClaudeAPI, tmp_path: Any) -> None:
+    config = f"""
+auth: {{keys: [{{name: ci, key: sk-ci, team: pay, limits: {{requests_per_minute: 2}}}}, {{name: free, key: sk-free}}]}}
+admin: {{keys: [sk-admin]}}
+store: {{url: "sqlite:///{tmp_path}/l.db", flush_interval_s: 0.05}}
+providers:
+  claude: {{kind: anthropic, api_key: provider-key, base_url: "{fake.base_url}"}}
+models:
+  "*": {{targets: [{{provider: claude}}]}}
+"""
+    with run_gateway(config) as gw:
+        client = anthropic.Anthropic(api_key="sk-ci", base_url=gw.url, max_retries=0)
+        if time.time() % 60 > 55:  # the two requests and the refusal within one minute window
+            time.sleep(61 - time.time() % 60)
+        ok = client.messages.with_raw_response.create(model="fake-text", **KW)
+        assert ok.headers["anthropic-ratelimit-requests-limit"] == "2"
+        assert ok.headers["anthropic-ratelimit-requests-remaining"] == "1"
+        assert ok.headers["anthropic-ratelimit-requests-reset"].endswith(":00Z")
+        with client.messages.stream(model="fake-text", **KW) as s:
+            s.get_final_message()
+        with pytest.raises(anthropic.RateLimitError) as info:
+            client.messages.create(model="fake-text", **KW)
+        refused = info.value.response
+        assert refused.status_code == 429 and info.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        assert refused.headers["anthropic-ratelimit-requests-remaining"] == "0"
+        requests_before = len(fake.requests)
+        for _ in range(4):  # never limited: it is how clients stay under a limit
+            assert client.messages.count_tokens(model="fake-text", messages=KW["messages"]).input_tokens > 0
+        assert len(fake.requests) == requests_before + 4
+        free = anthropic.Anthropic(api_key="sk-free", base_url=gw.url, max_retries=0)
+        plain = free.messages.with_raw_response.create(model="fake-text", **KW)  # a key without limits
+        direct = httpx.post(
+            f"{fake.base_url}/v1/messages", json={"model": "fake-text", **KW}, headers={"x-api-key": "p"}
+        )
+        name = "anthropic-ratelimit-requests-limit"  # the provider's own pass through untouched
+        assert plain.headers[name] == direct.headers[name] != "2"
+        assert gw.sample("gateway_limited_total", limit="requests_per_minute", scope="key") == 1
+        report = httpx.get(
+            f"{gw.url}/v1/organizations/usage_report/messages",
+            params={
+                "starting_at": time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime()),
+                "ending_at": time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime(time.time() + 86_400)),
+                "group_by[]": "api_key_id",
+            },
+            headers={"x-api-key": "sk-admin"},
+        ).json()
+        rows = {r["api_key_id"]: r["requests"] for b in report["data"] for r in b["results"]}
+        assert rows["ci"] == 3  # the refusal is a ledger row too (count_tokens are not: they are not messages)

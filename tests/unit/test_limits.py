@@ -1,0 +1,166 @@
+"""Rate limits and budgets in one process, on a fake clock: each kind of limit, the scopes (a key's own, the
+defaults, a team's), the API's headers and error types, the calendar windows, and the overshoot bound."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from gateway.edge import build_keys
+from gateway.limits import BudgetExceeded, Limiter, RateLimited, budget_window
+from gateway.settings import ConfigError, Settings, parse_settings
+
+T0 = datetime(2026, 12, 2, 10, 0, 30, tzinfo=UTC).timestamp()  # a Wednesday, 30 s into a minute
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def setup(yaml: str) -> tuple[Settings, dict[str, object], Limiter, Clock]:
+    settings = parse_settings(yaml)
+    keys = {k.name: k for k in build_keys(settings.auth.keys, settings.teams)}
+    clock = Clock()
+    refused: list[tuple[str, str]] = []
+    limiter = Limiter(clock, on_refusal=lambda limit, scope: refused.append((limit, scope)))
+    limiter.refused = refused  # type: ignore[attr-defined]
+    return settings, keys, limiter, clock
+
+
+PRICING = 'pricing: {"m*": {input: 1000000}}\n'  # $1 per input token: budgets in round numbers
+
+
+def test_requests_per_minute_refuse_the_next_one_with_the_apis_headers() -> None:
+    settings, keys, limiter, clock = setup("auth: {keys: [{name: a, key: k, limits: {requests_per_minute: 2}}]}")
+    lease, headers = limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+    assert lease is not None and headers["anthropic-ratelimit-requests-limit"] == "2"
+    assert headers["anthropic-ratelimit-requests-remaining"] == "1"
+    assert headers["anthropic-ratelimit-requests-reset"] == "2026-12-02T10:01:00Z"
+    limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+    with pytest.raises(RateLimited) as info:
+        limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+    assert (info.value.status_code, info.value.error_type) == (429, "rate_limit_error")
+    assert (
+        info.value.headers["retry-after"] == "30"
+        and info.value.headers["anthropic-ratelimit-requests-remaining"] == "0"
+    )
+    assert limiter.refused == [("requests_per_minute", "key")]  # type: ignore[attr-defined]
+    clock.now += 30  # the next minute
+    limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+
+
+def test_tokens_per_minute_count_what_requests_used() -> None:
+    settings, keys, limiter, clock = setup("auth: {keys: [{name: a, key: k, limits: {tokens_per_minute: 100}}]}")
+    lease, _ = limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+    assert lease is not None
+    lease.settle(100, None)
+    lease.settle(100, None)  # settled once
+    with pytest.raises(RateLimited, match="100 tokens per minute"):
+        limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+    clock.now += 60
+    _, headers = limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+    assert headers["anthropic-ratelimit-tokens-remaining"] == "100"
+
+
+def test_max_inflight_frees_a_slot_when_a_request_ends() -> None:
+    settings, keys, limiter, _ = setup("auth: {keys: [{name: a, key: k, limits: {max_inflight: 1}}]}")
+    lease, _ = limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+    with pytest.raises(RateLimited, match="in flight"):
+        limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+    assert lease is not None
+    lease.settle(0, None)
+    limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+
+
+def test_a_budget_is_a_billing_error_until_its_window_resets() -> None:
+    settings, keys, limiter, clock = setup(
+        "auth: {keys: [{name: a, key: k, limits: {budget: {usd: 2, per: day}}}]}\n" + PRICING
+    )
+    for _ in range(2):
+        lease, _ = limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+        assert lease is not None
+        lease.settle(10, 1.0)
+    with pytest.raises(BudgetExceeded) as info:
+        limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+    assert (info.value.status_code, info.value.error_type) == (429, "billing_error")
+    assert info.value.headers["x-should-retry"] == "false"
+    assert info.value.headers["retry-after"] == str(14 * 3600 - 30)  # until midnight UTC
+    clock.now = datetime(2026, 12, 3, 0, 0, 1, tzinfo=UTC).timestamp()
+    limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+
+
+def test_a_team_limit_is_shared_and_defaults_apply_to_keys_without_their_own() -> None:
+    settings, keys, limiter, _ = setup(
+        """
+auth:
+  keys:
+    - {name: a, key: ka, team: pay}
+    - {name: b, key: kb, team: pay}
+    - {name: c, key: kc, limits: {requests_per_minute: 100}}
+limits: {requests_per_minute: 1}
+teams:
+  pay: {limits: {requests_per_minute: 3}, models: [sonnet]}
+"""
+    )
+    assert keys["a"].models == ("sonnet",) and keys["c"].models is None  # type: ignore[attr-defined]
+    limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+    with pytest.raises(RateLimited, match="key 'a'"):  # the default: 1 per key
+        limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+    limiter.admit(settings, keys["b"])  # type: ignore[arg-type]
+    for _ in range(5):  # c's own limit replaces the default
+        limiter.admit(settings, keys["c"])  # type: ignore[arg-type]
+    # the team has had 2 (a refused one does not count): one more for the team, from a fresh key's minute
+    assert limiter.refused == [("requests_per_minute", "key")]  # type: ignore[attr-defined]
+
+
+def test_overshoot_is_at_most_the_usage_of_the_requests_admitted_under_the_budget() -> None:
+    """N requests admitted while the budget still had room overshoot it by at most their own cost."""
+    settings, keys, limiter, _ = setup(
+        "auth: {keys: [{name: a, key: k, limits: {budget: {usd: 10, per: month}}}]}\n" + PRICING
+    )
+    first, _ = limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+    assert first is not None
+    first.settle(1, 9.5)  # $0.50 left
+    leases = [limiter.admit(settings, keys["a"])[0] for _ in range(5)]  # type: ignore[arg-type]
+    for lease in leases:
+        assert lease is not None
+        lease.settle(1, 3.0)
+    window, _ = budget_window("month", T0)
+    spent = limiter._counts[("key:a", "usd", window)]
+    assert spent == 9.5 + 5 * 3.0 <= 10 + 5 * 3.0
+    with pytest.raises(BudgetExceeded):
+        limiter.admit(settings, keys["a"])  # type: ignore[arg-type]
+
+
+def test_calendar_windows_in_utc() -> None:
+    assert budget_window("day", T0) == ("day:2026-12-02", datetime(2026, 12, 3, tzinfo=UTC).timestamp())
+    assert budget_window("week", T0) == ("week:2026-11-30", datetime(2026, 12, 7, tzinfo=UTC).timestamp())
+    assert budget_window("month", T0) == ("month:2026-12-01", datetime(2027, 1, 1, tzinfo=UTC).timestamp())
+
+
+def test_no_rules_no_lease_and_an_open_gateway_gets_the_defaults() -> None:
+    settings, keys, limiter, _ = setup("auth: {keys: [plain]}")
+    assert limiter.admit(settings, keys["key-1"]) == (None, {})  # type: ignore[arg-type]
+    settings, _, limiter, _ = setup("auth: {open: true}\nlimits: {requests_per_minute: 1}")
+    limiter.admit(settings, None)
+    with pytest.raises(RateLimited):
+        limiter.admit(settings, None)
+
+
+@pytest.mark.parametrize(
+    ("yaml", "message"),
+    [
+        ("auth: {keys: [{name: a, key: k, limits: {budget: {usd: 5}}}]}", "a budget needs prices"),
+        ("auth: {keys: [k]}\nlimits: {budget: {usd: 5}}", "a budget needs prices"),
+        ("auth: {keys: [{name: a, key: k, team: nope}]}\nteams: {pay: {}}", "names team 'nope'"),
+        ("auth: {keys: [k]}\nlimits: {requests_per_minute: 0}", "requests_per_minute"),
+    ],
+)
+def test_limit_config_errors(yaml: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_settings(yaml)
