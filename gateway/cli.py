@@ -92,6 +92,12 @@ def multiprocess_metrics(workers: int) -> Callable[[], None]:
     return cleanup
 
 
+def _has_limits(settings: Settings) -> bool:
+    keyed = any(getattr(k, "limits", None) is not None for k in settings.auth.keys)
+    teamed = any(t.limits is not None for t in settings.teams.values())
+    return keyed or teamed or settings.limits is not None
+
+
 def _stopped(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
@@ -109,6 +115,13 @@ def _serve(args: argparse.Namespace) -> int:
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
     workers = args.workers or settings.server.workers
+    if workers > 1 and _has_limits(settings) and not (settings.limits and settings.limits.redis_url):
+        print(
+            f"messages-gateway: {workers} workers would each count the rate limits and budgets on their own: "
+            "set limits.redis_url (one Redis for every worker and replica), or serve with workers: 1",
+            file=sys.stderr,
+        )
+        return 2
     configure_logging()
     log = logging.getLogger("gateway")
     log.info("serving %s on http://%s:%d (%d worker%s)", path, host, port, workers, "" if workers == 1 else "s")

@@ -15,7 +15,7 @@ from adapters import Adapter
 from gateway.context import DRAIN_CANCEL, RequestContext
 from gateway.edge import ClientKey
 from gateway.ledger import Ledger
-from gateway.limits import Limiter
+from gateway.limits import Counters, Limiter, RedisCounters
 from gateway.metrics import Metrics
 from gateway.recording import Recorder
 from gateway.resilience import Resilience
@@ -28,6 +28,19 @@ from gateway.upstream import HttpClient
 from gateway.usage import Outcome
 
 __all__ = ["BreakerCollector", "Gateway"]
+
+
+def _limiter(settings: Settings, metrics: Metrics) -> Limiter:
+    defaults = settings.limits
+    counters: Counters | None = None
+    if defaults is not None and defaults.redis_url:
+        counters = RedisCounters(defaults.redis_url)
+    return Limiter(
+        on_refusal=lambda limit, scope: metrics.limited.labels(limit, scope).inc(),
+        counters=counters,
+        on_store_error=defaults.on_store_error if defaults is not None else "allow",
+        store_errors=metrics.limit_store_errors.inc,
+    )
 
 
 def _ledger(settings: StoreSettings, metrics: Metrics) -> Ledger | None:
@@ -79,8 +92,9 @@ class Gateway:
         # where every finished request is recorded
         self.recorder = Recorder.default(metrics, self.ledger, key_labels=settings.metrics.labels)
         self._ledger_task: asyncio.Task[None] | None = None
-        # process-wide counters (a reload changes the limits, not what has been counted against them)
-        self.limiter = Limiter(on_refusal=lambda limit, scope: metrics.limited.labels(limit, scope).inc())
+        # process-wide counters (a reload changes the limits, not what has been counted against them); in Redis
+        # when `limits.redis_url` names one (read at start-up), shared by every worker and replica
+        self.limiter = _limiter(settings, metrics)
 
     # the current runtime's parts, for the routes that read one of them once (a request that reads several
     # takes `runtime` itself)
@@ -221,6 +235,7 @@ class Gateway:
                 await self._ledger_task
         if self.ledger is not None:  # what is queued is written before the process goes
             await self.ledger.aclose(within=max(5.0, self.settings.server.drain_timeout_s))
+        await self.limiter.aclose()
         for task in list(self._tasks):
             task.cancel()
         for runtime in [*self._retired, self.runtime]:

@@ -17,11 +17,13 @@ answers a spend limit).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.errors import GatewayError
 from gateway.settings import LimitSettings, Settings
@@ -29,7 +31,18 @@ from gateway.settings import LimitSettings, Settings
 if TYPE_CHECKING:
     from gateway.edge import ClientKey
 
-__all__ = ["BudgetExceeded", "Lease", "Limiter", "RateLimited"]
+__all__ = [
+    "BudgetExceeded",
+    "Counters",
+    "Lease",
+    "LimitStoreDown",
+    "Limiter",
+    "MemoryCounters",
+    "RateLimited",
+    "RedisCounters",
+]
+
+log = logging.getLogger("gateway")
 
 
 class RateLimited(GatewayError):
@@ -40,6 +53,17 @@ class RateLimited(GatewayError):
 class BudgetExceeded(GatewayError):
     status_code = 429
     error_type = "billing_error"
+
+
+class LimitStoreDown(GatewayError):
+    """The shared counters cannot be reached and ``limits.on_store_error`` is ``deny``."""
+
+    status_code = 529
+    error_type = "overloaded_error"
+
+
+class CountersError(Exception):
+    """The counters' store failed (Redis unreachable)."""
 
 
 def _iso(ts: float) -> str:
@@ -63,15 +87,129 @@ def budget_window(per: str, now: float) -> tuple[str, float]:
 Rule = tuple[str, LimitSettings]  # (scope, limits): scope "key:<name>" or "team:<name>"
 
 
+Check = tuple[str, float]  # (counter, limit): admitted only while the counter is below the limit
+Add = tuple[str, float, int]  # (counter, amount, seconds to keep it; 0: no expiry)
+
+
+class Counters(Protocol):
+    async def admit(self, checks: Sequence[Check], adds: Sequence[Add]) -> tuple[int, list[float]]:
+        """Atomically: the index of the first check whose counter has reached its limit, or -1 after applying
+        ``adds``; and every checked counter's value before the adds."""
+        ...
+
+    async def add(self, adds: Sequence[Add]) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class MemoryCounters:
+    """One process's counters (what one worker, or the unit tests, use)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+        self._expires: dict[str, float] = {}
+
+    def _expire(self, now: float) -> None:
+        if len(self._expires) > 4096:
+            for key in [k for k, at in self._expires.items() if at <= now]:
+                self.values.pop(key, None)
+                del self._expires[key]
+
+    def admit_now(self, checks: Sequence[Check], adds: Sequence[Add], now: float) -> tuple[int, list[float]]:
+        values = [self.values.get(key, 0.0) for key, _ in checks]
+        for i, ((_, limit), value) in enumerate(zip(checks, values, strict=True)):
+            if value >= limit:
+                return i, values
+        self.add_now(adds, now)
+        return -1, values
+
+    def add_now(self, adds: Sequence[Add], now: float) -> None:
+        for key, amount, ttl in adds:
+            self.values[key] = self.values.get(key, 0.0) + amount
+            if ttl:
+                self._expires[key] = now + ttl
+        self._expire(now)
+
+    async def admit(self, checks: Sequence[Check], adds: Sequence[Add]) -> tuple[int, list[float]]:
+        return self.admit_now(checks, adds, time.time())
+
+    async def add(self, adds: Sequence[Add]) -> None:
+        self.add_now(adds, time.time())
+
+    async def aclose(self) -> None:
+        return None
+
+
+# Every check and every add of one admission in one round trip, atomically (a Lua script runs alone).
+_ADMIT = """
+local n = tonumber(ARGV[1])
+local values = {}
+for i = 1, n do
+  values[i] = redis.call('GET', KEYS[i]) or '0'
+end
+for i = 1, n do
+  if tonumber(values[i]) >= tonumber(ARGV[1 + i]) then return {i - 1, values} end
+end
+local m = #KEYS - n
+for j = 1, m do
+  redis.call('INCRBYFLOAT', KEYS[n + j], ARGV[1 + n + j])
+  local ttl = tonumber(ARGV[1 + n + m + j])
+  if ttl > 0 then redis.call('EXPIRE', KEYS[n + j], ttl) end
+end
+return {-1, values}
+"""
+
+
+class RedisCounters:
+    """Counters in Redis (redis-py's asyncio client): shared by every worker and replica."""
+
+    def __init__(self, url: str, prefix: str = "mgw:") -> None:
+        import redis.asyncio as redis
+
+        self._redis: Any = redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        self._prefix = prefix
+        self._admit: Any = self._redis.register_script(_ADMIT)
+
+    async def admit(self, checks: Sequence[Check], adds: Sequence[Add]) -> tuple[int, list[float]]:
+        import redis.exceptions
+
+        keys = [self._prefix + k for k, _ in checks] + [self._prefix + k for k, _, _ in adds]
+        args = [len(checks), *(limit for _, limit in checks), *(a for _, a, _ in adds), *(t for _, _, t in adds)]
+        try:
+            failed, values = await self._admit(keys=keys, args=args)
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise CountersError(str(exc)) from exc
+        return int(failed), [float(v) for v in values]
+
+    async def add(self, adds: Sequence[Add]) -> None:
+        import redis.exceptions
+
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key, amount, ttl in adds:
+                    pipe.incrbyfloat(self._prefix + key, amount)
+                    if ttl:
+                        pipe.expire(self._prefix + key, ttl)
+                await pipe.execute()
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise CountersError(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+_MINUTE_TTL = 120  # a minute's counters outlive it a little
+_INFLIGHT_TTL = 3600  # an in-flight count a crashed process never gave back is forgotten within the hour
+
+
 class Lease:
     """An admitted request's hold on its rules: settled once, with the usage and cost it ended with."""
 
-    __slots__ = ("_limiter", "_minute", "_rules", "settled")
+    __slots__ = ("_limiter", "_rules", "settled")
 
-    def __init__(self, limiter: Limiter, rules: list[Rule], minute: int) -> None:
+    def __init__(self, limiter: Limiter, rules: list[Rule]) -> None:
         self._limiter = limiter
         self._rules = rules
-        self._minute = minute
         self.settled = False
 
     def settle(self, tokens: int, cost: float | None) -> None:
@@ -82,13 +220,25 @@ class Lease:
 
 
 class Limiter:
-    """The counters of one process (in memory). ``clock``: wall time in seconds (injected in tests)."""
+    """Admission and accounting over ``counters`` (this process's, or Redis for many). ``clock``: wall time in
+    seconds (injected in tests); ``on_refusal(limit, scope kind)`` and ``on_store_error()`` count."""
 
-    def __init__(self, clock: Callable[[], float] = time.time, on_refusal: Callable[[str, str], None] | None = None):
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        on_refusal: Callable[[str, str], None] | None = None,
+        counters: Counters | None = None,
+        *,
+        on_store_error: str = "allow",
+        store_errors: Callable[[], None] | None = None,
+    ) -> None:
         self._clock = clock
-        self._on_refusal = on_refusal  # (limit, scope kind) -> count it (gateway_limited_total)
-        self._counts: dict[tuple[str, str, object], float] = {}
-        self.inflight: dict[str, int] = {}
+        self._on_refusal = on_refusal
+        self.counters: Counters = counters or MemoryCounters()
+        self._policy = on_store_error
+        self._store_errors = store_errors
+        self._logged_at = 0.0
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @staticmethod
     def rules(settings: Settings, key: ClientKey | None) -> list[Rule]:
@@ -102,106 +252,132 @@ class Limiter:
             out.append((f"team:{key.team if key else ''}", team.limits))
         return out
 
-    def _get(self, scope: str, kind: str, window: object) -> float:
-        return self._counts.get((scope, kind, window), 0.0)
+    def _plan(self, rules: list[Rule], now: float) -> tuple[list[Check], list[tuple[str, str, float]], list[Add]]:
+        """The counters an admission checks (with what each is), and what it adds when admitted."""
+        minute = int(now // 60)
+        checks: list[Check] = []
+        what: list[tuple[str, str, float]] = []  # (limit, scope, the window's end)
+        adds: list[Add] = []
+        for scope, limits in rules:
+            if limits.requests_per_minute is not None:
+                checks.append((f"{scope}|requests|{minute}", limits.requests_per_minute))
+                what.append(("requests_per_minute", scope, (minute + 1) * 60))
+            if limits.tokens_per_minute is not None:
+                checks.append((f"{scope}|tokens|{minute}", limits.tokens_per_minute))
+                what.append(("tokens_per_minute", scope, (minute + 1) * 60))
+            if limits.max_inflight is not None:
+                checks.append((f"{scope}|inflight", limits.max_inflight))
+                what.append(("max_inflight", scope, now + 1))
+            if limits.budget is not None:
+                window, ends = budget_window(limits.budget.per, now)
+                checks.append((f"{scope}|usd|{window}", limits.budget.usd))
+                what.append(("budget", scope, ends))
+            adds.append((f"{scope}|requests|{minute}", 1, _MINUTE_TTL))
+            adds.append((f"{scope}|inflight", 1, _INFLIGHT_TTL))
+        return checks, what, adds
 
-    def _add(self, scope: str, kind: str, window: object, amount: float) -> None:
-        key = (scope, kind, window)
-        self._counts[key] = self._counts.get(key, 0.0) + amount
-
-    def admit(self, settings: Settings, key: ClientKey | None) -> tuple[Lease | None, dict[str, str]]:
+    async def admit(self, settings: Settings, key: ClientKey | None) -> tuple[Lease | None, dict[str, str]]:
         """A lease for a request under every rule that applies (None when none does) and the rate-limit headers
         for its response; ``RateLimited`` or ``BudgetExceeded`` when a limit is reached."""
         rules = self.rules(settings, key)
         if not rules:
             return None, {}
         now = self._clock()
-        minute = int(now // 60)
-        reset = (minute + 1) * 60
+        checks, what, adds = self._plan(rules, now)
         try:
-            for scope, limits in rules:
-                self._check(scope, limits, now, minute, reset)
-        except (RateLimited, BudgetExceeded) as refused:
-            refused.headers = {**self._headers(rules, minute, reset), **refused.headers}
-            raise
-        for scope, _ in rules:
-            self._add(scope, "requests", minute, 1)
-            self.inflight[scope] = self.inflight.get(scope, 0) + 1
-        self._prune(minute)
-        return Lease(self, rules, minute), self._headers(rules, minute, reset)
+            failed, values = await self.counters.admit(checks, adds)
+        except CountersError as exc:
+            self._store_error(exc)
+            if self._policy == "deny":
+                raise LimitStoreDown("the gateway's rate-limit store cannot be reached; retry shortly") from exc
+            return Lease(self, []), {}  # allowed, uncounted
+        headers = self._headers(checks, what, values, counted=failed < 0)
+        if failed >= 0:
+            raise self._refusal(checks[failed][1], values[failed], what[failed], now, headers)
+        return Lease(self, rules), headers
 
-    def _check(self, scope: str, limits: LimitSettings, now: float, minute: int, reset: float) -> None:
-        wait = max(1, math.ceil(reset - now))
-        rpm, tpm, most = limits.requests_per_minute, limits.tokens_per_minute, limits.max_inflight
-        if rpm is not None and self._get(scope, "requests", minute) >= rpm:
-            self._refuse("requests_per_minute", scope)
-            raise RateLimited(
-                f"{_who(scope)} is over its limit of {rpm} requests per minute; retry in {wait} s",
-                headers={"retry-after": str(wait)},
-            )
-        if tpm is not None and self._get(scope, "tokens", minute) >= tpm:
-            self._refuse("tokens_per_minute", scope)
-            raise RateLimited(
-                f"{_who(scope)} is over its limit of {tpm} tokens per minute; retry in {wait} s",
-                headers={"retry-after": str(wait)},
-            )
-        if most is not None and self.inflight.get(scope, 0) >= most:
-            self._refuse("max_inflight", scope)
-            raise RateLimited(
-                f"{_who(scope)} has {most} requests in flight, its limit; retry when one ends",
-                headers={"retry-after": "1"},
-            )
-        budget = limits.budget
-        if budget is not None:
-            window, ends = budget_window(budget.per, now)
-            spent = self._get(scope, "usd", window)
-            if spent >= budget.usd:
-                self._refuse("budget", scope)
-                left = max(1, math.ceil(ends - now))
-                raise BudgetExceeded(
-                    f"{_who(scope)} has spent ${spent:.2f} of its ${budget.usd:g} budget this {budget.per}; "
-                    f"it resets at {_iso(ends)}",
-                    headers={"retry-after": str(left), "x-should-retry": "false"},
-                )
-
-    def _refuse(self, limit: str, scope: str) -> None:
+    def _refusal(
+        self, limit: float, value: float, what: tuple[str, str, float], now: float, headers: dict[str, str]
+    ) -> GatewayError:
+        kind, scope, ends = what
         if self._on_refusal is not None:
-            self._on_refusal(limit, scope.split(":", 1)[0])
+            self._on_refusal(kind, scope.split(":", 1)[0])
+        wait = max(1, math.ceil(ends - now))
+        if kind == "budget":
+            return BudgetExceeded(
+                f"{_who(scope)} has spent ${value:.2f} of its ${limit:g} budget; it resets at {_iso(ends)}",
+                headers={**headers, "retry-after": str(wait), "x-should-retry": "false"},
+            )
+        described = {
+            "requests_per_minute": f"its limit of {limit:g} requests per minute",
+            "tokens_per_minute": f"its limit of {limit:g} tokens per minute",
+            "max_inflight": f"its limit of {limit:g} requests in flight",
+        }[kind]
+        return RateLimited(
+            f"{_who(scope)} is over {described}; retry in {wait} s", headers={**headers, "retry-after": str(wait)}
+        )
 
-    def _headers(self, rules: list[Rule], minute: int, reset: float) -> dict[str, str]:
+    @staticmethod
+    def _headers(
+        checks: list[Check], what: list[tuple[str, str, float]], values: list[float], *, counted: bool
+    ) -> dict[str, str]:
         """The API's rate-limit headers, for the most restrictive rule of each kind (after this request)."""
         headers: dict[str, str] = {}
-        for kind, field in (("requests", "requests_per_minute"), ("tokens", "tokens_per_minute")):
-            best: tuple[float, int] | None = None
-            for scope, limits in rules:
-                limit = getattr(limits, field)
-                if limit is None:
+        for kind, name in (("requests_per_minute", "requests"), ("tokens_per_minute", "tokens")):
+            best: tuple[float, float, float] | None = None
+            for (_, limit), (k, _, ends), value in zip(checks, what, values, strict=True):
+                if k != kind:
                     continue
-                remaining = max(0.0, limit - self._get(scope, kind, minute))
+                used = value + (1 if counted and kind == "requests_per_minute" else 0)
+                remaining = max(0.0, limit - used)
                 if best is None or remaining < best[0]:
-                    best = (remaining, limit)
+                    best = (remaining, limit, ends)
             if best is not None:
-                headers[f"anthropic-ratelimit-{kind}-limit"] = str(best[1])
-                headers[f"anthropic-ratelimit-{kind}-remaining"] = str(int(best[0]))
-                headers[f"anthropic-ratelimit-{kind}-reset"] = _iso(reset)
+                headers[f"anthropic-ratelimit-{name}-limit"] = f"{best[1]:g}"
+                headers[f"anthropic-ratelimit-{name}-remaining"] = str(int(best[0]))
+                headers[f"anthropic-ratelimit-{name}-reset"] = _iso(best[2])
         return headers
 
     def settle(self, rules: list[Rule], tokens: int, cost: float | None) -> None:
+        """Count a finished request's tokens and cost, and give back its slot in flight (off the request path
+        with Redis: one pipelined round trip in a task)."""
+        if not rules:
+            return
         now = self._clock()
         minute = int(now // 60)
+        adds: list[Add] = []
         for scope, limits in rules:
-            self.inflight[scope] = max(0, self.inflight.get(scope, 0) - 1)
+            adds.append((f"{scope}|inflight", -1, _INFLIGHT_TTL))
             if tokens:
-                self._add(scope, "tokens", minute, tokens)
+                adds.append((f"{scope}|tokens|{minute}", tokens, _MINUTE_TTL))
             if cost and limits.budget is not None:
-                self._add(scope, "usd", budget_window(limits.budget.per, now)[0], cost)
-
-    def _prune(self, minute: int) -> None:
-        """Drop the minute counters of windows that have passed (the budget windows are few and kept)."""
-        if len(self._counts) < 4096:
+                window, ends = budget_window(limits.budget.per, now)
+                adds.append((f"{scope}|usd|{window}", cost, max(1, math.ceil(ends - now)) + 86_400))
+        if isinstance(self.counters, MemoryCounters):
+            self.counters.add_now(adds, now)
             return
-        for key in [k for k in self._counts if isinstance(k[2], int) and k[2] < minute]:
-            del self._counts[key]
+        task = asyncio.get_running_loop().create_task(self._add(adds))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _add(self, adds: list[Add]) -> None:
+        try:
+            await self.counters.add(adds)
+        except CountersError as exc:
+            self._store_error(exc)
+
+    def _store_error(self, exc: Exception) -> None:
+        if self._store_errors is not None:
+            self._store_errors()
+        now = time.monotonic()
+        if now - self._logged_at >= 60:  # once a minute, however many requests see it
+            self._logged_at = now
+            log.warning("rate-limit store unreachable (%s): limits.on_store_error is %s", exc, self._policy)
+
+    async def aclose(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.counters.aclose()
 
 
 def _who(scope: str) -> str:

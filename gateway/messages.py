@@ -231,7 +231,7 @@ async def _serve(
         elif max_tokens is not None:
             check_max_tokens(max_tokens, route.max_tokens, model)
         if not count:  # a token count is never limited: it is how clients stay under a limit
-            context.lease, limit_headers = gw.limiter.admit(runtime.settings, key)
+            context.lease, limit_headers = await gw.limiter.admit(runtime.settings, key)
             context.response_headers.update(limit_headers)
     except GatewayError as exc:
         tally.status = exc.status_code

@@ -119,6 +119,11 @@ class Metrics:
             ["limit", "scope"],
             registry=r,
         )
+        self.limit_store_errors = Counter(
+            "gateway_limit_store_errors",
+            "Admissions and settlements that could not reach the shared rate-limit store (limits.redis_url).",
+            registry=r,
+        )
         # collectors that read this process's live state at scrape time (the breakers): per worker
         self.live = CollectorRegistry()
         self.pricing: list[tuple[str, Price]] = []

@@ -28,6 +28,7 @@ __all__ = [
     "Budget",
     "ClaudeAwsProvider",
     "ConfigError",
+    "DefaultLimits",
     "EntraSettings",
     "FoundryProvider",
     "LimitSettings",
@@ -126,6 +127,16 @@ class LimitSettings(_Strict, frozen=True, kw_only=True):
     tokens_per_minute: Annotated[int, msgspec.Meta(ge=1)] | None = None
     max_inflight: Annotated[int, msgspec.Meta(ge=1)] | None = None
     budget: Budget | None = None
+
+
+class DefaultLimits(LimitSettings, frozen=True, kw_only=True):
+    """The top-level ``limits``: the default of every key, and where the counters live. ``redis_url``: counters
+    shared by every worker and replica (Redis or Valkey; ``redis://:${REDIS_PASSWORD}@host:6379/0``); unset: in
+    this process. ``on_store_error``: when Redis cannot be reached, ``allow`` (serve, count the errors) or ``deny``
+    (529 overloaded_error)."""
+
+    redis_url: str | None = None
+    on_store_error: Literal["allow", "deny"] = "allow"
 
 
 class TeamSettings(_Strict, frozen=True, kw_only=True):
@@ -365,7 +376,7 @@ class Settings(_Strict, frozen=True, kw_only=True):
     pricing: dict[str, Price] = {}  # upstream model id (globs allowed, first match in file order) -> price
     store: StoreSettings = StoreSettings()
     metrics: MetricsSettings = MetricsSettings()
-    limits: LimitSettings | None = None  # the default limits of every key (a key's own replace them)
+    limits: DefaultLimits | None = None  # the default limits of every key (a key's own replace them)
     teams: dict[str, TeamSettings] = {}
 
     def __post_init__(self) -> None:

@@ -172,3 +172,20 @@ def postgres() -> Iterator[PostgresServer | None]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[Any]:
+    """A real Redis for the session, or a skip where ``redis-server`` is not installed (a failure when
+    ``MESSAGES_GATEWAY_REQUIRE_REDIS`` says it must be there, as ``.ci/run`` does)."""
+    import shutil
+
+    from tests.redis_server import start_redis
+
+    if shutil.which("redis-server") is None:
+        if os.environ.get("MESSAGES_GATEWAY_REQUIRE_REDIS"):
+            pytest.fail("redis-server is required here (MESSAGES_GATEWAY_REQUIRE_REDIS) but not installed")
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    server = start_redis()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -324,3 +325,37 @@ def test_several_workers_give_exact_metrics_on_every_scrape(tmp_path: Path, serv
         time.sleep(0.1)
     assert len(_ledger_ids(db)) == 20
     assert "/metrics shows one worker" not in served.log.read_text()  # the warning is gone
+
+
+def test_two_gateway_processes_share_one_limit_through_redis(tmp_path: Path, serve: object, redis_server: Any) -> None:
+    """A 10-requests-per-minute key gets its 11th request refused whichever process serves it; and a gateway
+    with several workers but no Redis refuses to start rather than count each worker's limits apart."""
+    config = tmp_path / "g.yaml"
+    config.write_text(
+        f"""
+auth: {{keys: [{{name: ci, key: sk-ci, limits: {{requests_per_minute: 10}}}}]}}
+limits: {{redis_url: "{redis_server.url}"}}
+providers:
+  m1: {{kind: mock, deltas: 3}}
+models:
+  live: {{targets: [{{provider: m1}}]}}
+"""
+    )
+    first, second = serve(config), serve(config)  # type: ignore[operator]
+    if time.time() % 60 > 50:  # all eleven within one minute window
+        time.sleep(61 - time.time() % 60)
+    statuses = []
+    for i in range(12):
+        gw = first if i % 2 else second
+        resp = httpx.post(f"{gw.url}/v1/messages", json={**KW, "model": "live"}, headers={"x-api-key": "sk-ci"})
+        statuses.append(resp.status_code)
+    assert statuses == [200] * 10 + [429, 429]
+    lonely = tmp_path / "workers.yaml"
+    lonely.write_text(config.read_text().replace(f'limits: {{redis_url: "{redis_server.url}"}}\n', ""))
+    refused = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(lonely), "--workers", "2", "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "limits.redis_url" in refused.stderr

@@ -1,0 +1,97 @@
+"""The limiter over a real Redis (``redis-server`` started for the session): the same limits as in memory,
+shared by two limiters (two processes' worth); Redis down → ``allow`` serves and counts, ``deny`` answers 529;
+Redis back → the limits hold again."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.edge import build_keys
+from gateway.limits import BudgetExceeded, Limiter, LimitStoreDown, RateLimited, RedisCounters
+from gateway.settings import parse_settings
+
+CONFIG = """
+auth:
+  keys:
+    - {{name: ci, key: k1, team: pay, limits: {{requests_per_minute: 10}}}}
+    - {{name: ops, key: k2, team: pay}}
+teams:
+  pay: {{limits: {{budget: {{usd: 1, per: day}}}}}}
+limits: {{redis_url: "{url}", on_store_error: {policy}}}
+pricing: {{"m*": {{input: 1}}}}
+"""
+
+
+def limiter_pair(url: str, prefix: str, policy: str = "allow") -> tuple[Any, dict[str, Any], list[Limiter], list[int]]:
+    settings = parse_settings(CONFIG.format(url=url, policy=policy))
+    keys = {k.name: k for k in build_keys(settings.auth.keys, settings.teams)}
+    errors: list[int] = []
+    limiters = [
+        Limiter(
+            counters=RedisCounters(url, prefix=prefix),
+            on_store_error=policy,
+            store_errors=lambda: errors.append(1),
+        )
+        for _ in range(2)
+    ]
+    return settings, keys, limiters, errors
+
+
+def test_two_limiters_share_a_rate_limit_and_a_team_budget(redis_server: Any) -> None:
+    settings, keys, (a, b), _ = limiter_pair(redis_server.url, "t1:")
+
+    async def go() -> None:
+        for i in range(10):  # ten admitted, alternating between the two "processes"
+            lease, headers = await (a if i % 2 else b).admit(settings, keys["ci"])
+            assert lease is not None and headers["anthropic-ratelimit-requests-remaining"] == str(9 - i)
+            lease.settle(5, None)
+        for limiter in (a, b):  # the 11th, whichever serves it
+            with pytest.raises(RateLimited) as info:
+                await limiter.admit(settings, keys["ci"])
+            assert info.value.headers["anthropic-ratelimit-requests-remaining"] == "0"
+        lease, _ = await a.admit(settings, keys["ops"])  # the team's budget: spent through one limiter ...
+        assert lease is not None
+        lease.settle(1, 1.0)
+        await asyncio.sleep(0.1)  # the settlement is one pipelined round trip in a task
+        with pytest.raises(BudgetExceeded):  # ... refused through the other
+            await b.admit(settings, keys["ops"])
+        for limiter in (a, b):
+            await limiter.aclose()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("policy", ["allow", "deny"])
+def test_redis_down_allows_or_denies_and_comes_back(redis_server: Any, policy: str) -> None:
+    settings, keys, (a, _), errors = limiter_pair(redis_server.url, f"t2{policy}:", policy)
+
+    async def go() -> None:
+        lease, _ = await a.admit(settings, keys["ci"])
+        assert lease is not None
+        redis_server.stop()
+        try:
+            if policy == "allow":
+                lease, headers = await a.admit(settings, keys["ci"])  # served, uncounted
+                assert lease is not None and headers == {}
+            else:
+                with pytest.raises(LimitStoreDown) as info:
+                    await a.admit(settings, keys["ci"])
+                assert (info.value.status_code, info.value.error_type) == (529, "overloaded_error")
+            assert errors
+        finally:
+            redis_server.start()
+        for _ in range(50):  # the client reconnects by itself
+            try:
+                lease, headers = await a.admit(settings, keys["ci"])
+                if headers:
+                    break
+            except LimitStoreDown:
+                pass
+            await asyncio.sleep(0.05)
+        assert headers["anthropic-ratelimit-requests-limit"] == "10"
+        await a.aclose()
+
+    asyncio.run(go())
