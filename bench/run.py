@@ -246,12 +246,20 @@ async def wait_ready(proc: Proc, port: int, path: str, limit_s: float, headers: 
     raise RuntimeError(f"{proc.name} not ready on port {port} after {limit_s:.0f} s ({last}):\n{proc.log_tail()}")
 
 
-def gateway_config(port: int, upstream_port: int, store: str = "off") -> str:
-    """``store``: the usage ledger — ``off``, or a ``store.url`` (``sqlite:///…``, ``postgresql://…``)."""
+def _limits_yaml(limits: str) -> str:
+    if limits == "off":
+        return ""
+    redis = f', redis_url: "{limits}"' if limits.startswith("redis") else ""
+    return f"limits: {{requests_per_minute: 100000000, tokens_per_minute: 100000000000, max_inflight: 100000{redis}}}\n"
+
+
+def gateway_config(port: int, upstream_port: int, store: str = "off", limits: str = "off") -> str:
+    """``store``: the usage ledger — ``off``, or a ``store.url`` (``sqlite:///…``, ``postgresql://…``).
+    ``limits``: ``off``, ``memory`` (limits no request reaches, counted in the process) or a ``redis://`` URL."""
     ledger = "store: {enabled: false}\n" if store == "off" else f'store: {{url: "{store}"}}\n'
     return (
         f"server: {{host: {HOST}, port: {port}}}\n"
-        "auth: {open: true}\n" + ledger + "providers:\n"
+        "auth: {open: true}\n" + ledger + _limits_yaml(limits) + "providers:\n"
         f'  up: {{kind: anthropic, api_key: bench, base_url: "http://{HOST}:{upstream_port}"}}\n'
         f'  bedrock: {{kind: bedrock, region: us-east-1, base_url: "http://{HOST}:{upstream_port}", '
         "access_key_id: AKIDBENCH, secret_access_key: bench-secret}\n"
@@ -796,6 +804,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory for <timestamp>.json and .md")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument(
+        "--limits",
+        default="off",
+        help="rate limits the requests never reach, to measure their cost: off (default), memory, or a redis:// URL",
+    )
+    parser.add_argument(
         "--store",
         default="off",
         help="the gateway's usage ledger: off (default), sqlite (a file in the run's directory) or a store.url",
@@ -852,6 +865,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "ttft_requests": opts.ttft_requests,
             "scenarios": [s.name for s in scenarios],
             "store": args.store,
+            "limits": args.limits,
             "logs": str(work),
         },
         "results": [],
@@ -868,7 +882,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     store = args.store
     if store == "sqlite":
         store = f"sqlite:///{work}/ledger.db"
-    config.write_text(gateway_config(gw_port, up_port, store))
+    config.write_text(gateway_config(gw_port, up_port, store, args.limits))
     gateway = Proc(
         "gateway",
         gateway_argv(config, gw_port, args.workers),
