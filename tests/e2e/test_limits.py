@@ -66,3 +66,38 @@ models:
         ).json()
         rows = {r["api_key_id"]: r["requests"] for b in report["data"] for r in b["results"]}
         assert rows["ci"] == 3  # the refusal is a ledger row too (count_tokens are not: they are not messages)
+
+
+def test_the_sdks_own_retry_waits_the_gateways_retry_after(fake: FakeClaudeAPI) -> None:
+    """A key with one request in flight: a second request is refused with ``retry-after: 1``; the SDK waits that
+    long, retries, and succeeds once the first has ended."""
+    import threading
+
+    config = f"""
+auth: {{keys: [{{name: ci, key: sk-ci, limits: {{max_inflight: 1}}}}]}}
+providers:
+  claude: {{kind: anthropic, api_key: provider-key, base_url: "{fake.base_url}"}}
+models:
+  "*": {{targets: [{{provider: claude}}]}}
+"""
+    with run_gateway(config) as gw:
+        started = threading.Event()
+
+        def slow() -> None:
+            client = anthropic.Anthropic(api_key="sk-ci", base_url=gw.url, max_retries=0)
+            with client.messages.stream(model="fake-slow-d10", **KW) as s:  # ten deltas, 50 ms apart
+                for event in s:
+                    if event.type == "message_start":
+                        started.set()
+
+        first = threading.Thread(target=slow)
+        first.start()
+        assert started.wait(5)
+        patient = anthropic.Anthropic(api_key="sk-ci", base_url=gw.url, max_retries=2)
+        before = time.monotonic()
+        raw = patient.messages.with_raw_response.create(model="fake-text", **KW)
+        waited = time.monotonic() - before
+        first.join(10)
+        assert raw.parse().stop_reason == "end_turn"
+        assert waited >= 0.9  # the SDK honoured retry-after: 1 (its own backoff would start at 0.5 s)
+        assert gw.sample("gateway_limited_total", limit="max_inflight", scope="key") >= 1
