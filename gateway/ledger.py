@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import deque
@@ -101,7 +102,7 @@ class Ledger:
                     return False
                 self._opened = True
             while self._queue:
-                batch = [self._queue[i] for i in range(min(self._batch, len(self._queue)))]
+                batch = list(itertools.islice(self._queue, self._batch))
                 try:
                     await self.store.write(batch)
                 except StoreError as exc:

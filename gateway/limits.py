@@ -256,9 +256,10 @@ class Limiter:
         own = key.limits if key is not None and key.limits is not None else settings.limits
         if own is not None:
             out.append((f"key:{name}", own))
-        team = settings.teams.get(key.team) if key is not None and key.team else None
-        if team is not None and team.limits is not None:
-            out.append((f"team:{key.team if key else ''}", team.limits))
+        if key is not None and key.team:
+            team = settings.teams.get(key.team)
+            if team is not None and team.limits is not None:
+                out.append((f"team:{key.team}", team.limits))
         return out
 
     def _plan(self, rules: list[Rule], now: float) -> tuple[list[Check], list[tuple[str, str, float]], list[Add]]:

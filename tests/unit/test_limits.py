@@ -104,23 +104,26 @@ def test_a_team_limit_is_shared_and_defaults_apply_to_keys_without_their_own() -
         """
 auth:
   keys:
-    - {name: a, key: ka, team: pay}
-    - {name: b, key: kb, team: pay}
-    - {name: c, key: kc, limits: {requests_per_minute: 100}}
+    - {name: a, key: ka, team: pay, limits: {requests_per_minute: 100}}
+    - {name: b, key: kb, team: pay, limits: {requests_per_minute: 100}}
+    - {name: c, key: kc}
+    - {name: d, key: kd, limits: {requests_per_minute: 100}}
 limits: {requests_per_minute: 1}
 teams:
   pay: {limits: {requests_per_minute: 3}, models: [sonnet]}
 """
     )
     assert keys["a"].models == ("sonnet",) and keys["c"].models is None  # type: ignore[attr-defined]
-    admit(limiter, settings, keys["a"])
-    with pytest.raises(RateLimited, match="key 'a'"):  # the default: 1 per key
-        admit(limiter, settings, keys["a"])
-    admit(limiter, settings, keys["b"])
-    for _ in range(5):  # c's own limit replaces the default
+    for name in ("a", "b", "a"):  # the team's three, from two keys
+        admit(limiter, settings, keys[name])
+    with pytest.raises(RateLimited, match="team 'pay'"):  # b's own limit has room; the team's has none
+        admit(limiter, settings, keys["b"])
+    admit(limiter, settings, keys["c"])
+    with pytest.raises(RateLimited, match="key 'c'"):  # no limits of its own: the default, 1 per minute
         admit(limiter, settings, keys["c"])
-    # the team has had 2 (a refused one does not count): one more for the team, from a fresh key's minute
-    assert limiter.refused == [("requests_per_minute", "key")]  # type: ignore[attr-defined]
+    for _ in range(5):  # d's own limit replaces the default
+        admit(limiter, settings, keys["d"])
+    assert limiter.refused == [("requests_per_minute", "team"), ("requests_per_minute", "key")]  # type: ignore[attr-defined]
 
 
 def test_overshoot_is_at_most_the_usage_of_the_requests_admitted_under_the_budget() -> None:
