@@ -14,7 +14,7 @@ from gateway.events import EventView, Usage, UsageView
 if TYPE_CHECKING:
     from gateway.settings import Price
 
-__all__ = ["EMPTY", "cost_of", "fold_usage", "overwrite_present", "usage_of"]
+__all__ = ["EMPTY", "cost_of", "fold_usage", "overwrite_present", "total_tokens", "usage_of"]
 
 EMPTY = Usage()
 
@@ -51,6 +51,16 @@ def fold_usage(usage: Usage, view: EventView) -> Usage:
     if etype == "message_delta" and view.usage is not None:
         return overwrite_present(usage, view.usage)
     return usage
+
+
+def total_tokens(usage: Usage) -> int:
+    """Input, output and cache tokens together (what ``tokens_per_minute`` counts)."""
+    return (
+        (usage.input_tokens or 0)
+        + (usage.output_tokens or 0)
+        + (usage.cache_read_input_tokens or 0)
+        + (usage.cache_creation_input_tokens or 0)
+    )
 
 
 def cost_of(usage: Usage, price: Price) -> float:

@@ -5,8 +5,10 @@ and its team's (``teams.<name>.limits``). A request must pass every rule that ap
 before anything is sent upstream, against what has been counted so far: requests this minute, tokens this
 minute, requests in flight, spend in the budget's calendar window (UTC day, ISO week from Monday, month). A stream
 already running is never cut. Admitted, the request counts one request and one in flight at once; its tokens and
-cost are counted when it ends (``Lease.settle``), so N requests admitted just under a limit overshoot it by at
-most their own usage.
+cost are counted as the stream reports them (``Lease.count``, fed by the tally's fold: input and cache tokens at
+``message_start``, output at ``message_delta``; in shared counters within ``SHARED_COUNT_DELAY``) and the rest
+when it ends (``Lease.settle``), so N requests admitted just under a limit overshoot it by at most their own
+usage.
 
 Refusals follow the API's own conventions: over a rate limit ``429 rate_limit_error`` with an integer
 ``retry-after`` and ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`` (reset in RFC 3339; the
@@ -209,23 +211,46 @@ class RedisCounters:
 
 _MINUTE_TTL = 120  # a minute's counters outlive it a little
 _INFLIGHT_TTL = 3600  # an in-flight count a crashed process never gave back is forgotten within the hour
+SHARED_COUNT_DELAY = 1.0  # seconds a running request's tokens wait to be sent to shared counters
 
 
 class Lease:
-    """An admitted request's hold on its rules: settled once, with the usage and cost it ended with."""
+    """An admitted request's hold on its rules. Its tokens and cost are counted as they become known (``count``,
+    with the running totals of the fold: input and cache tokens at ``message_start``, output at each
+    ``message_delta``), and it is settled once, with the totals it ended with (partial for a failed or cancelled
+    stream), which also gives back its slot in flight."""
 
-    __slots__ = ("_limiter", "_rules", "settled")
+    __slots__ = ("_cost", "_limiter", "_pending", "_rules", "_timer", "_tokens", "settled")
 
     def __init__(self, limiter: Limiter, rules: list[Rule]) -> None:
         self._limiter = limiter
         self._rules = rules
+        self._tokens = 0  # counted so far
+        self._cost = 0.0
+        self._pending: tuple[int, float] = (0, 0.0)  # counted here, not yet sent to shared counters
+        self._timer: asyncio.TimerHandle | None = None
         self.settled = False
+
+    def count(self, tokens: int, cost: float | None) -> None:
+        """The request has used ``tokens`` and ``cost`` so far (running totals)."""
+        if self.settled or not self._rules:
+            return
+        more, spent = tokens - self._tokens, (cost or 0.0) - self._cost
+        if more <= 0 and spent <= 0:
+            return
+        self._tokens, self._cost = tokens, self._cost + max(0.0, spent)
+        self._limiter.count(self, max(0, more), max(0.0, spent))
 
     def settle(self, tokens: int, cost: float | None) -> None:
         if self.settled:
             return
+        self.count(tokens, cost)
         self.settled = True
-        self._limiter.settle(self._rules, tokens, cost)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        pending, self._pending = self._pending, (0, 0.0)
+        self._limiter.settle(self._rules, *pending)
 
 
 class Limiter:
@@ -348,24 +373,51 @@ class Limiter:
                 headers[f"anthropic-ratelimit-{name}-reset"] = _iso(best[2])
         return headers
 
-    def settle(self, rules: list[Rule], tokens: int, cost: float | None) -> None:
-        """Count a finished request's tokens and cost, and give back its slot in flight (off the request path
-        with Redis: one pipelined round trip in a task)."""
-        if not rules:
+    def count(self, lease: Lease, tokens: int, cost: float) -> None:
+        """More tokens and cost for a running request: counted now in this process's counters; for shared ones
+        gathered on the lease and sent within ``SHARED_COUNT_DELAY`` seconds, or with the settlement when the
+        request ends before that (so a short request costs one round trip at its end, and a long stream's input
+        tokens are counted for everyone while it runs)."""
+        if isinstance(self.counters, MemoryCounters):
+            now = self._clock()
+            self.counters.add_now(self._usage_adds(lease._rules, tokens, cost, now), now)
             return
-        now = self._clock()
+        held, spent = lease._pending
+        lease._pending = (held + tokens, spent + cost)
+        if lease._timer is None:
+            lease._timer = asyncio.get_running_loop().call_later(SHARED_COUNT_DELAY, self._flush, lease)
+
+    def _flush(self, lease: Lease) -> None:
+        lease._timer = None
+        (tokens, cost), lease._pending = lease._pending, (0, 0.0)
+        if not lease.settled and (tokens or cost):
+            self._send(self._usage_adds(lease._rules, tokens, cost, self._clock()))
+
+    def _usage_adds(self, rules: list[Rule], tokens: int, cost: float, now: float) -> list[Add]:
         minute = int(now // 60)
         adds: list[Add] = []
         for scope, limits in rules:
-            adds.append((f"{scope}|inflight", -1, _INFLIGHT_TTL))
             if tokens:
                 adds.append((f"{scope}|tokens|{minute}", tokens, _MINUTE_TTL))
             if cost and limits.budget is not None:
                 window, ends = budget_window(limits.budget.per, now)
                 adds.append((f"{scope}|usd|{window}", cost, max(1, math.ceil(ends - now)) + 86_400))
+        return adds
+
+    def settle(self, rules: list[Rule], tokens: int = 0, cost: float = 0.0) -> None:
+        """A request ended: give back its slot in flight, with the tokens and cost not yet counted (off the
+        request path with Redis: one round trip in a task)."""
+        if not rules:
+            return
+        now = self._clock()
+        adds: list[Add] = [(f"{scope}|inflight", -1, _INFLIGHT_TTL) for scope, _ in rules]
+        adds += self._usage_adds(rules, tokens, cost, now)
         if isinstance(self.counters, MemoryCounters):
             self.counters.add_now(adds, now)
             return
+        self._send(adds)
+
+    def _send(self, adds: list[Add]) -> None:
         task = asyncio.get_running_loop().create_task(self._add(adds))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

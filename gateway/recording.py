@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 from gateway.events import Usage
+from gateway.fold import total_tokens
 from gateway.store import LedgerRow
 
 if TYPE_CHECKING:
@@ -94,14 +95,7 @@ class LimiterSink:
     def record(self, finished: Finished) -> None:
         lease = finished.lease
         if lease is not None:
-            usage = finished.usage
-            tokens = (
-                (usage.input_tokens or 0)
-                + (usage.output_tokens or 0)
-                + (usage.cache_read_input_tokens or 0)
-                + (usage.cache_creation_input_tokens or 0)
-            )
-            lease.settle(tokens, finished.cost_usd)
+            lease.settle(total_tokens(finished.usage), finished.cost_usd)
 
 
 class KeyMetricsSink:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from gateway.context import RequestContext
 from gateway.events import EventView
-from gateway.fold import EMPTY, cost_of, fold_usage, overwrite_present, usage_of
+from gateway.fold import EMPTY, cost_of, fold_usage, overwrite_present, total_tokens, usage_of
 from gateway.recording import Finished, Recorder, access_line, access_log
 
 if TYPE_CHECKING:
@@ -101,7 +101,11 @@ class UsageTally:
     def observe(self, view: EventView) -> None:
         etype = view.type
         if etype == "message_start" or etype == "message_delta":
-            self.usage = fold_usage(self.usage, view)
+            self.usage = usage = fold_usage(self.usage, view)
+            lease = self.context.lease
+            if lease is not None:  # limits count each token as soon as the stream reports it
+                price = self._metrics.price_of(self.model) if self._metrics.pricing else None
+                lease.count(total_tokens(usage), None if price is None else cost_of(usage, price))
         elif etype == "content_block_delta" and self.first_token_at is None:
             self.first_token_at = self._clock()
 

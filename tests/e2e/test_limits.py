@@ -101,3 +101,87 @@ models:
         assert raw.parse().stop_reason == "end_turn"
         assert waited >= 0.9  # the SDK honoured retry-after: 1 (its own backoff would start at 0.5 s)
         assert gw.sample("gateway_limited_total", limit="max_inflight", scope="key") >= 1
+
+
+def _stream_in_thread(gw: Any, model: str, seen_start: Any, key: str = "sk-ci") -> Any:
+    import threading
+
+    def run() -> None:
+        client = anthropic.Anthropic(api_key=key, base_url=gw.url, max_retries=0)
+        with client.messages.stream(model=model, **KW) as s:
+            for event in s:
+                if event.type == "message_start":
+                    seen_start.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_a_streams_input_tokens_count_against_the_limit_while_it_runs(fake: FakeClaudeAPI) -> None:
+    """The first stream's 10 input tokens are counted at its ``message_start``: a second request while it still
+    runs is over 10 tokens per minute (counted only at the end, it would have been admitted)."""
+    import threading
+
+    config = f"""
+auth: {{keys: [{{name: ci, key: sk-ci, limits: {{tokens_per_minute: 10}}}}]}}
+providers:
+  claude: {{kind: anthropic, api_key: provider-key, base_url: "{fake.base_url}"}}
+models:
+  "*": {{targets: [{{provider: claude}}]}}
+"""
+    with run_gateway(config) as gw:
+        if time.time() % 60 > 55:
+            time.sleep(61 - time.time() % 60)
+        started = threading.Event()
+        first = _stream_in_thread(gw, "fake-slow-d20", started)  # 20 deltas, 50 ms apart
+        assert started.wait(5)
+        time.sleep(0.1)
+        client = anthropic.Anthropic(api_key="sk-ci", base_url=gw.url, max_retries=0)
+        with pytest.raises(anthropic.RateLimitError, match="tokens per minute"):
+            client.messages.create(model="fake-text", **KW)
+        first.join(10)
+        assert gw.sample("gateway_limited_total", limit="tokens_per_minute", scope="key") == 1
+
+
+def test_concurrent_requests_overshoot_a_budget_by_at_most_their_own_usage(fake: FakeClaudeAPI) -> None:
+    """$1 per input token, 10 input tokens a request, a $25 budget with $20 spent: of six requests sent at once,
+    those admitted before any of them reported its usage all go through; the overshoot is at most their cost."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = f"""
+auth: {{keys: [{{name: ci, key: sk-ci, limits: {{budget: {{usd: 25, per: day}}}}}}]}}
+pricing: {{"fake-*": {{input: 1000000}}}}
+providers:
+  claude: {{kind: anthropic, api_key: provider-key, base_url: "{fake.base_url}"}}
+models:
+  "*": {{targets: [{{provider: claude}}]}}
+"""
+    with run_gateway(config) as gw:
+        client = anthropic.Anthropic(api_key="sk-ci", base_url=gw.url, max_retries=0)
+        for _ in range(2):
+            client.messages.create(model="fake-slow-d1", **KW)  # $10 each: $20 of $25
+
+        def one(_: int) -> str:
+            try:
+                client.messages.create(model="fake-slow-d4", **KW)
+                return "ok"
+            except anthropic.RateLimitError as exc:
+                assert exc.body["error"]["type"] == "billing_error"  # type: ignore[index]
+                return "refused"
+
+        with ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(one, range(6)))
+        admitted = results.count("ok")
+        spent = sum(
+            s.value
+            for m in gw.metrics.registry.collect()
+            if m.name == "gateway_cost_usd"
+            for s in m.samples
+            if s.name.endswith("_total")
+        )
+        assert admitted >= 1 and spent == 20 + 10 * admitted
+        assert spent - 25 <= 10 * admitted  # the bound: the admitted requests' own usage
+        with pytest.raises(anthropic.RateLimitError):  # and then the budget holds
+            client.messages.create(model="fake-text", **KW)
+        print(f"overshoot: {admitted} of 6 admitted, ${spent - 25:g} over a $25 budget")

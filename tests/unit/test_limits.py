@@ -172,3 +172,50 @@ def test_no_rules_no_lease_and_an_open_gateway_gets_the_defaults() -> None:
 def test_limit_config_errors(yaml: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_settings(yaml)
+
+
+def test_a_running_request_counts_its_tokens_and_cost_as_they_are_reported() -> None:
+    """Input and cache tokens at ``message_start``, output at each ``message_delta`` (running totals): a second
+    request is refused while the first is still streaming; the settlement counts only what was not yet counted."""
+    settings, keys, limiter, _ = setup(
+        "auth: {keys: [{name: a, key: k, limits: {tokens_per_minute: 100, budget: {usd: 5, per: day}}}]}\n" + PRICING
+    )
+    lease, _ = admit(limiter, settings, keys["a"])
+    assert lease is not None
+    lease.count(60, 2.0)  # message_start: 60 input tokens
+    values = limiter.counters.values  # type: ignore[attr-defined]
+    tokens = next(k for k in values if "|tokens|" in k)
+    usd = next(k for k in values if "|usd|" in k)
+    assert (values[tokens], values[usd]) == (60, 2.0)
+    lease.count(100, 2.0)  # a message_delta: 40 output tokens so far
+    assert values[tokens] == 100
+    with pytest.raises(RateLimited, match="tokens per minute"):  # the first is still running
+        admit(limiter, settings, keys["a"])
+    lease.settle(110, 2.5)  # it ended with 10 more tokens and $0.50 more
+    assert (values[tokens], values[usd]) == (110, 2.5)
+    assert values[next(k for k in values if k.endswith("|inflight"))] == 0
+
+
+def test_a_streams_tokens_reach_the_limiter_through_the_tally_at_message_start() -> None:
+    import msgspec
+
+    from gateway.context import RequestContext
+    from gateway.events import EventView
+    from gateway.metrics import Metrics
+    from gateway.usage import UsageTally
+
+    settings, keys, limiter, _ = setup("auth: {keys: [{name: a, key: k, limits: {tokens_per_minute: 1000}}]}")
+    lease, _ = admit(limiter, settings, keys["a"])
+    context = RequestContext()
+    context.lease = lease
+    tally = UsageTally(Metrics(), alias="m", model="m", context=context)
+    start = {"type": "message_start", "message": {"usage": {"input_tokens": 7, "cache_read_input_tokens": 5}}}
+    tally.observe(msgspec.json.decode(msgspec.json.encode(start), type=EventView))
+    values = limiter.counters.values  # type: ignore[attr-defined]
+    tokens = next(k for k in values if "|tokens|" in k)
+    assert values[tokens] == 12
+    delta = {"type": "message_delta", "delta": {}, "usage": {"output_tokens": 30}}
+    tally.observe(msgspec.json.decode(msgspec.json.encode(delta), type=EventView))
+    assert values[tokens] == 42
+    tally.record("client_cancelled")  # partial usage, settled: nothing counted twice
+    assert values[tokens] == 42 and lease is not None and lease.settled

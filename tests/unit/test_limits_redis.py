@@ -95,3 +95,59 @@ def test_redis_down_allows_or_denies_and_comes_back(redis_server: Any, policy: s
         await a.aclose()
 
     asyncio.run(go())
+
+
+def test_a_running_requests_tokens_reach_redis_within_the_delay_and_a_short_ones_with_its_settlement(
+    redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis as sync_redis
+
+    import gateway.limits
+
+    monkeypatch.setattr(gateway.limits, "SHARED_COUNT_DELAY", 0.2)
+    settings = parse_settings(
+        "auth: {keys: [{name: a, key: k, limits: {tokens_per_minute: 100}}]}\n"
+        f'limits: {{redis_url: "{redis_server.url}"}}'
+    )
+    key = build_keys(settings.auth.keys, settings.teams)[0]
+    direct = sync_redis.Redis.from_url(redis_server.url)
+    sends: list[int] = []
+
+    async def go() -> None:
+        def watched(prefix: str) -> Limiter:
+            counters = RedisCounters(redis_server.url, prefix=prefix)
+            original = counters.add
+
+            async def counted(adds: Any) -> None:
+                sends.append(len(adds))
+                await original(adds)
+
+            counters.add = counted  # type: ignore[method-assign]
+            return Limiter(counters=counters)
+
+        a, b = watched("t3:"), Limiter(counters=RedisCounters(redis_server.url, prefix="t3:"))
+        lease, _ = await a.admit(settings, key)
+        assert lease is not None
+        lease.count(60, None)  # message_start of a long stream
+        lease.count(100, None)  # a message_delta soon after: gathered with it
+        assert not [k for k in direct.keys("t3:*") if b"|tokens|" in k]
+        await asyncio.sleep(0.4)
+        assert sends == [1]  # one round trip for both
+        with pytest.raises(RateLimited, match="tokens per minute"):  # seen by the other process while it runs
+            await b.admit(settings, key)
+        lease.settle(100, None)
+        await asyncio.sleep(0.1)
+        assert sends == [1, 1]  # the settlement: the slot in flight only
+        tokens = next(k for k in direct.keys("t3:*") if b"|tokens|" in k)
+        assert float(direct.get(tokens) or 0) == 100
+        c = watched("t4:")
+        short, _ = await c.admit(settings, key)
+        assert short is not None
+        short.count(5, None)
+        short.settle(8, None)  # ended before the delay: everything in the settlement's one round trip
+        await asyncio.sleep(0.4)
+        assert sends == [1, 1, 2]
+        for limiter in (a, b, c):
+            await limiter.aclose()
+
+    asyncio.run(go())
