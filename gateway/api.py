@@ -10,7 +10,7 @@ import msgspec
 from litestar import Request, Response, get
 from litestar.exceptions import HTTPException
 
-from gateway.edge import authenticate, is_admin, may_use
+from gateway.edge import is_admin, may_use
 from gateway.errors import (
     AuthenticationError,
     GatewayError,
@@ -55,10 +55,11 @@ def _model_info(route: Route, model_id: str | None = None) -> dict[str, Any]:
 
 @get("/v1/models")
 async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
-    runtime = _gateway(request).runtime
+    gw = _gateway(request)
+    runtime = gw.runtime
     rid = new_request_id()
     try:
-        _, key = authenticate(runtime.keys, request.headers)
+        _, key = await gw.identity.authenticate(runtime, request.headers)
     except GatewayError as exc:
         return error_response(exc, rid)
     params = request.query_params
@@ -86,11 +87,12 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @get("/v1/models/{model_id:path}")
 async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
-    runtime = _gateway(request).runtime
+    gw = _gateway(request)
+    runtime = gw.runtime
     rid = new_request_id()
     model_id = model_id.lstrip("/")
     try:
-        _, key = authenticate(runtime.keys, request.headers)
+        _, key = await gw.identity.authenticate(runtime, request.headers)
         route = runtime.routes.resolve(model_id)
         if not may_use(key, route, model_id):  # as if it did not exist: the key cannot list it either
             raise NotFound(f"model {model_id!r} is not served by this gateway (see GET /v1/models)")

@@ -19,6 +19,7 @@ from litestar import Litestar
 from gateway.api import HANDLERS, exception_handlers
 from gateway.core import Gateway
 from gateway.errors import GatewayError, new_request_id
+from gateway.keys_api import KEY_HANDLERS
 from gateway.messages import messages_endpoint, method_not_allowed, send_error
 from gateway.metrics import Metrics, multiprocess_dir
 from gateway.pages import PAGE_HANDLERS
@@ -171,7 +172,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         gateway = Gateway(settings, make_client(upstream_client), metrics, resilience, config_path=config_path)
-        if not gateway.keys:
+        if settings.auth.open:
             log.warning("auth.open: true: the gateway serves requests without a key")
         app.state.gateway = gateway
         gateway.start()
@@ -196,7 +197,7 @@ def create_app(
 
     return GatewayApp(
         Litestar(
-            route_handlers=[*HANDLERS, *STATUS_HANDLERS, *PAGE_HANDLERS, *REPORT_HANDLERS],
+            route_handlers=[*HANDLERS, *STATUS_HANDLERS, *PAGE_HANDLERS, *REPORT_HANDLERS, *KEY_HANDLERS],
             lifespan=[lifespan],
             exception_handlers=exception_handlers,
             request_max_body_size=None,

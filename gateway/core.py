@@ -14,6 +14,7 @@ from typing import Any
 from adapters import Adapter
 from gateway.context import DRAIN_CANCEL, RequestContext
 from gateway.edge import ClientKey
+from gateway.identity import Identity, IssuedKeys
 from gateway.ledger import Ledger
 from gateway.limits import Counters, Limiter, RedisCounters
 from gateway.metrics import Metrics
@@ -95,6 +96,12 @@ class Gateway:
         # process-wide counters (a reload changes the limits, not what has been counted against them); in Redis
         # when `limits.redis_url` names one (read at start-up), shared by every worker and replica
         self.limiter = _limiter(settings, metrics)
+        # who a request is: the runtime's config keys, the keys issued at run time (in the ledger's store), JWTs
+        issued = IssuedKeys(self.ledger.ready) if self.ledger is not None else None
+        if issued is not None:
+            issued.use_teams(settings.teams)
+        self.identity = Identity(issued)
+        self._keys_task: asyncio.Task[None] | None = None
 
     # the current runtime's parts, for the routes that read one of them once (a request that reads several
     # takes `runtime` itself)
@@ -151,6 +158,8 @@ class Gateway:
         if (server.host, server.port, server.workers) != (running.host, running.port, running.workers):
             log.warning("server.host/port/workers changed in %s: they take effect on restart only", path)
         self._adopt(runtime)
+        if self.identity.issued is not None:
+            self.identity.issued.use_teams(settings.teams)
         self.runtime = runtime  # one assignment: a request sees the old runtime or the new one, never a mix
         self._retired.add(old)
         old.retire(on_closed=self._retired.discard)  # closed, and forgotten, when its last request ends
@@ -224,15 +233,19 @@ class Gateway:
             task.cancel(DRAIN_CANCEL)
 
     def start(self) -> None:
-        """Background work of a serving process: the ledger's writer."""
+        """Background work of a serving process: the ledger's writer, and the poll of the issued keys."""
+        loop = asyncio.get_running_loop()
         if self.ledger is not None and self._ledger_task is None:
-            self._ledger_task = asyncio.get_running_loop().create_task(self.ledger.run())
+            self._ledger_task = loop.create_task(self.ledger.run())
+        if self.identity.issued is not None and self._keys_task is None:
+            self._keys_task = loop.create_task(self.identity.issued.run())
 
     async def aclose(self) -> None:
-        if self._ledger_task is not None:
-            self._ledger_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ledger_task
+        for background in (self._keys_task, self._ledger_task):
+            if background is not None:
+                background.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await background
         if self.ledger is not None:  # what is queued is written before the process goes
             await self.ledger.aclose(within=max(5.0, self.settings.server.drain_timeout_s))
         await self.limiter.aclose()

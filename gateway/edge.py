@@ -27,8 +27,11 @@ __all__ = [
     "build_keys",
     "check_max_tokens",
     "check_model_name",
+    "digest_of",
     "forwarded_headers",
     "is_admin",
+    "key_candidates",
+    "key_headers",
     "may_use",
     "proxy_request",
     "read_body",
@@ -78,6 +81,7 @@ class ClientKey:
     user: str = ""
     digest: bytes = field(default=b"", repr=False, compare=False)
     limits: LimitSettings | None = field(default=None, compare=False)
+    expires: float | None = field(default=None, compare=False)  # epoch seconds (a key issued with an expiry)
 
     def __post_init__(self) -> None:
         if not self.digest:
@@ -118,25 +122,41 @@ def build_keys(entries: Iterable[str | ApiKey], teams: Mapping[str, TeamSettings
     return keys
 
 
-def authenticate(keys: Sequence[ClientKey], headers: Mapping[str, str]) -> tuple[dict[str, str], ClientKey | None]:
-    """Check the client's key (``x-api-key`` or ``Authorization: Bearer``) against ``keys`` (none: open).
+def key_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The key headers the client sent (forwarded upstream only where a provider asks for that)."""
+    return {name: headers[name] for name in _CLIENT_KEY_HEADERS if name in headers}
 
-    Returns the key headers the client sent (forwarded upstream only where a provider asks for that) and the
-    matching key (``None`` when the gateway is open). Every candidate is compared with every key, each in
-    constant time over SHA-256 digests (so neither the position of a match nor a key's length shows in the
-    timing). Error messages never contain what the client sent."""
-    sent = {name: headers[name] for name in _CLIENT_KEY_HEADERS if name in headers}
-    if not keys:
-        return sent, None
-    candidates = [sent.get("x-api-key", "").encode()]
+
+def key_candidates(headers: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The key headers the client sent and the keys in them: ``x-api-key``, then ``Authorization: Bearer``;
+    ``AuthenticationError`` when there is none."""
+    sent = key_headers(headers)
+    candidates = [sent.get("x-api-key", "")]
     auth = sent.get("authorization", "")
     if auth[:7].lower() == "bearer ":
-        candidates.append(auth[7:].strip().encode())
+        candidates.append(auth[7:].strip())
     candidates = [c for c in candidates if c]
     if not candidates:
         raise AuthenticationError("missing API key: send it as x-api-key or Authorization: Bearer")
+    return sent, candidates
+
+
+def digest_of(candidate: str) -> bytes:
+    return _digest(candidate.encode())
+
+
+def authenticate(keys: Sequence[ClientKey], headers: Mapping[str, str]) -> tuple[dict[str, str], ClientKey | None]:
+    """Check the client's key (``x-api-key`` or ``Authorization: Bearer``) against ``keys`` (none: open): the
+    operator's keys (``admin.keys``), few. (Client keys go through ``gateway.identity``, by digest.)
+
+    Returns the key headers the client sent and the matching key (``None`` when there are no keys). Every
+    candidate is compared with every key, each in constant time over SHA-256 digests (so neither the position of
+    a match nor a key's length shows in the timing). Error messages never contain what the client sent."""
+    if not keys:
+        return key_headers(headers), None
+    sent, candidates = key_candidates(headers)
     matched: ClientKey | None = None
-    for candidate in map(_digest, candidates):
+    for candidate in map(digest_of, candidates):
         for key in keys:  # no early exit: every comparison runs
             if hmac.compare_digest(key.digest, candidate) and matched is None:
                 matched = key

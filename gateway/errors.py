@@ -18,6 +18,7 @@ __all__ = [
     "NotFound",
     "PermissionDenied",
     "RequestTooLarge",
+    "StoreUnavailable",
     "UpstreamConnectionError",
     "UpstreamStatusError",
     "UpstreamTimeout",
@@ -149,6 +150,13 @@ class PermissionDenied(GatewayError):
 class NotFound(GatewayError):
     status_code = 404
     error_type = "not_found_error"
+
+
+class StoreUnavailable(GatewayError):
+    """The gateway's own store (the ledger, the issued keys) cannot be reached."""
+
+    status_code = 503
+    error_type = "api_error"
 
 
 class RequestTooLarge(GatewayError):

@@ -90,7 +90,7 @@ class Ledger:
             self._log_dropped()
             if not self._opened:
                 try:
-                    await self.store.open()
+                    await self._open()
                 except StoreError as exc:
                     self.failures += 1
                     log.warning(
@@ -100,7 +100,6 @@ class Ledger:
                         self.depth,
                     )
                     return False
-                self._opened = True
             while self._queue:
                 batch = list(itertools.islice(self._queue, self._batch))
                 try:
@@ -118,6 +117,21 @@ class Ledger:
                 self._counters.ledger_rows("written", len(batch))
                 self._counters.ledger_queue(len(self._queue))
             return True
+
+    async def _open(self) -> None:
+        await self.store.open()
+        self._opened = True
+
+    async def ready(self) -> Store:
+        """The store, opened (and its schema created or migrated) once, for its other users (the issued keys);
+        ``StoreError`` when it cannot be."""
+        if not self._opened:
+            if self._lock is None:
+                self._lock = asyncio.Lock()
+            async with self._lock:
+                if not self._opened:
+                    await self._open()
+        return self.store
 
     def _log_dropped(self) -> None:
         if self._dropped_unlogged:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import JsonReply
 from gateway import pipeline
 from gateway.context import DRAIN_CANCEL, Reply, RequestContext
-from gateway.edge import authenticate, authorize, check_max_tokens, check_model_name, proxy_request, read_body
+from gateway.edge import authorize, check_max_tokens, check_model_name, proxy_request, read_body
 from gateway.errors import GatewayError, RequestTooLarge, error_frame, new_request_id
 from gateway.request import parse_count_tokens, parse_messages
 from gateway.server import BODY_RECEIVED
@@ -211,7 +211,7 @@ async def _serve(
     context = tally.context
     rid, reply = context.request_id, context.reply
     try:
-        client_auth, key = authenticate(runtime.keys, headers)
+        client_auth, key = await gw.identity.authenticate(runtime, headers)
         context.key = key
         server = runtime.settings.server
         body = await _read(scope, receive, headers, server.client_timeout_s, server.max_request_bytes)

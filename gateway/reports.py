@@ -28,8 +28,8 @@ import msgspec
 from litestar import Request, Response, get
 
 from gateway.api import error_response
-from gateway.edge import authenticate, is_admin
-from gateway.errors import GatewayError, InvalidRequest, PermissionDenied, new_request_id
+from gateway.edge import is_admin
+from gateway.errors import GatewayError, InvalidRequest, PermissionDenied, StoreUnavailable, new_request_id
 from gateway.store import StoreError, Totals, UsageQuery
 
 if TYPE_CHECKING:
@@ -38,11 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["REPORT_HANDLERS", "ReportQuery", "parse_report_query"]
 
 _encode = msgspec.json.Encoder().encode
-
-
-class StoreUnavailable(GatewayError):
-    status_code = 503
-    error_type = "api_error"
 
 
 _WIDTHS = {"1m": 60_000, "1h": 3_600_000, "1d": 86_400_000}
@@ -275,8 +270,9 @@ async def _report(request: Request[Any, Any, Any], *, cost: bool) -> Response[by
         if gw.ledger is None:
             raise InvalidRequest("the usage ledger is off on this gateway (store.enabled: false)")
         report = parse_report_query(_params(request), cost=cost, now_ms=int(time.time() * 1000))
-        if not is_admin(gw.admin_keys, request.headers) and (gw.admin_keys or gw.keys):
-            _, key = authenticate(gw.keys, request.headers)
+        runtime = gw.runtime
+        if not is_admin(runtime.admin_keys, request.headers) and (runtime.admin_keys or not runtime.settings.auth.open):
+            _, key = await gw.identity.authenticate(runtime, request.headers)
             if key is None:  # an open gateway with admin keys: the reports are theirs
                 raise PermissionDenied("the usage reports need an admin key (admin.keys)")
             own = {**report.query.filters, "key_name": (key.name,)}  # a client key reads its own usage only

@@ -39,6 +39,7 @@ class Runtime:
         "active",
         "adapters",
         "admin_keys",
+        "key_index",
         "keys",
         "resilience",
         "retired",
@@ -60,6 +61,9 @@ class Runtime:
         self.routes = routes
         self.resilience = resilience
         self.keys = keys
+        self.key_index: dict[bytes, ClientKey] = {}  # digest -> key (gateway.identity looks keys up by digest)
+        for key in keys:
+            self.key_index.setdefault(key.digest, key)  # two entries with one key: the first is the one
         self.admin_keys = admin_keys
         self.active = 0  # requests that took this runtime and have not ended
         self.retired = False  # a newer runtime serves new requests

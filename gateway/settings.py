@@ -169,20 +169,49 @@ class ApiKey(_Strict, frozen=True, kw_only=True):
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")
 
 
+JwtAlgorithm = Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
+"""Asymmetric only: an HMAC algorithm would let a token signed with the (public) verification key through."""
+
+
+class JwtSettings(_Strict, frozen=True, kw_only=True):
+    """Bearer JWTs from the organisation's identity provider (``gateway/jwt_auth.py``). The signature is checked
+    against the issuer's JWKS (``jwks_url``, else the ``jwks_uri`` of ``{issuer}/.well-known/openid-configuration``),
+    fetched and cached, refetched for a ``kid`` it does not hold; ``exp``, ``nbf``, ``iss`` and ``aud`` are checked.
+    ``user_claim`` and ``team_claim`` name the claims that attribute the request (limits, ledger)."""
+
+    issuer: Annotated[str, msgspec.Meta(min_length=1)]
+    audience: Annotated[str, msgspec.Meta(min_length=1)]
+    jwks_url: str | None = None
+    user_claim: str = "sub"
+    team_claim: str | None = None
+    algorithms: tuple[JwtAlgorithm, ...] = ("RS256", "ES256")
+    leeway_s: Annotated[float, msgspec.Meta(ge=0, le=300)] = 30.0
+    jwks_cache_s: Annotated[float, msgspec.Meta(ge=1)] = 300.0
+
+    def __post_init__(self) -> None:
+        for name, url in (("issuer", self.issuer), ("jwks_url", self.jwks_url)):
+            if url is not None and not url.startswith(("https://", "http://")):
+                raise ValueError(f"auth.jwt.{name}: an http(s) URL")
+        if not self.algorithms:
+            raise ValueError("auth.jwt.algorithms: at least one")
+
+
 class AuthSettings(_Strict, frozen=True, kw_only=True):
-    """``keys`` are accepted as x-api-key or Authorization: Bearer. A gateway without keys must say so with
-    ``open: true``: an empty key (``${VAR}`` of a variable set but empty) or a missing ``auth`` section is a
-    config error, never a gateway that quietly serves everyone."""
+    """``keys`` are accepted as x-api-key or Authorization: Bearer; so are the keys ``admin.keys`` issue at run
+    time (``POST /v1/gateway/keys``) and, with ``jwt``, the identity provider's tokens. A gateway without any must
+    say so with ``open: true``: an empty key (``${VAR}`` of a variable set but empty) or a missing ``auth``
+    section is a config error, never a gateway that quietly serves everyone."""
 
     keys: list[str | ApiKey] = []
     open: bool = False
+    jwt: JwtSettings | None = None
 
     def __post_init__(self) -> None:
         for position, entry in enumerate(self.keys, start=1):
             if isinstance(entry, str) and not entry.strip():
                 raise ValueError(f"auth.keys entry {position} is empty or white space (an unset variable?)")
-        if self.open and self.keys:
-            raise ValueError("auth.open: true and auth.keys exclude each other: keep one")
+        if self.open and (self.keys or self.jwt is not None):
+            raise ValueError("auth.open: true excludes auth.keys and auth.jwt: keep one")
 
 
 class AdminSettings(_Strict, frozen=True, kw_only=True):
@@ -387,9 +416,11 @@ class Settings(_Strict, frozen=True, kw_only=True):
         for entry in self.auth.keys:
             if isinstance(entry, ApiKey) and entry.team and self.teams and entry.team not in self.teams:
                 raise ValueError(f"key {entry.name!r} names team {entry.team!r}, which `teams` does not list")
-        if not self.auth.keys and not self.auth.open:
+        issuable = bool(self.admin.keys) and self.store.enabled  # keys issued at run time
+        if not self.auth.keys and not self.auth.open and self.auth.jwt is None and not issuable:
             raise ValueError(
-                "no auth.keys: list the keys clients must send, or say `auth: {open: true}` to serve without one"
+                "no auth.keys: list the keys clients must send, issue them at run time (admin.keys and the store), "
+                "accept the identity provider's tokens (auth.jwt), or say `auth: {open: true}` to serve without one"
             )
 
 

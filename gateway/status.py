@@ -12,7 +12,7 @@ import msgspec
 from litestar import Request, Response, get
 
 from gateway.api import error_response
-from gateway.edge import authenticate, is_admin, may_use
+from gateway.edge import is_admin, may_use
 from gateway.errors import GatewayError, new_request_id
 from gateway.metrics import TOKEN_TYPES
 
@@ -84,7 +84,7 @@ async def gateway_status(request: Request[Any, Any, Any]) -> Response[bytes]:
         document = status_document(gw)
     else:
         try:
-            _, key = authenticate(gw.keys, request.headers)
+            _, key = await gw.identity.authenticate(gw.runtime, request.headers)
         except GatewayError as exc:
             return error_response(exc, rid)
         # a client key sees the aliases it may use, as GET /v1/models lists them

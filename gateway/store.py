@@ -4,7 +4,10 @@ PostgreSQL (many replicas), or memory (the unit tests' twin).
 One narrow interface (``Store``): ``open`` (connect, create or migrate the schema to ``SCHEMA_VERSION``),
 ``write`` a batch of rows (idempotent: a row already stored, by its request id, is skipped, so a batch retried
 after a failure that was in fact committed stores nothing twice), ``totals`` (token and cost sums per time
-bucket and chosen dimensions, for the usage and cost reports), ``prune`` (retention) and ``aclose``.
+bucket and chosen dimensions, for the usage and cost reports), ``prune`` (retention) and ``aclose``; and the
+keys issued at run time (``POST /v1/gateway/keys``), stored by their SHA-256 digest only: ``add_key`` (False when
+the name is taken), ``list_keys``, ``delete_key`` and ``keys_version`` — a number every change of the keys raises,
+in the change's own transaction, so a replica polls one integer to learn that it must read the keys again.
 
 Libraries, by measurement (``bench/ledger_store.py``, 500-row batches, CPU of the gateway process per row):
 stdlib ``sqlite3`` in a worker thread 3.3 µs (aiosqlite, the same thread underneath, 3.0 µs: no reason for
@@ -27,6 +30,7 @@ import msgspec
 __all__ = [
     "DIMENSIONS",
     "SCHEMA_VERSION",
+    "IssuedKey",
     "LedgerRow",
     "MemoryStore",
     "PostgresStore",
@@ -68,6 +72,45 @@ class LedgerRow(msgspec.Struct, frozen=True, kw_only=True):
     ttft_ms: float | None = None
     duration_ms: float = 0.0
     attempts: int = 0
+
+
+class IssuedKey(msgspec.Struct, frozen=True, kw_only=True):
+    """A key issued at run time, as stored: never the secret, only its SHA-256 digest (hex) and a hint."""
+
+    name: str
+    key_sha256: str
+    hint: str = ""  # the secret's first and last characters, to recognise it in a list
+    team: str = ""
+    user: str = ""
+    models: list[str] | None = None
+    limits: dict[str, Any] | None = None  # the key's `limits` as given (validated by the caller)
+    created_ms: int = 0
+    expires_ms: int | None = None
+
+
+_KEY_COLUMNS = ("name", "key_sha256", "hint", "team", "user_name", "models", "limits", "created_ms", "expires_ms")
+
+
+def _key_values(key: IssuedKey) -> tuple[Any, ...]:
+    encode = msgspec.json.encode
+    models = None if key.models is None else encode(key.models).decode()
+    limits = None if key.limits is None else encode(key.limits).decode()
+    return (key.name, key.key_sha256, key.hint, key.team, key.user, models, limits, key.created_ms, key.expires_ms)
+
+
+def _issued(record: Sequence[Any]) -> IssuedKey:
+    name, digest, hint, team, user, models, limits, created, expires = record
+    return IssuedKey(
+        name=name,
+        key_sha256=digest,
+        hint=hint,
+        team=team,
+        user=user,
+        models=None if models is None else msgspec.json.decode(models),
+        limits=None if limits is None else msgspec.json.decode(limits),
+        created_ms=int(created),
+        expires_ms=None if expires is None else int(expires),
+    )
 
 
 COLUMNS: tuple[str, ...] = LedgerRow.__struct_fields__
@@ -118,6 +161,14 @@ class Store(Protocol):
 
     async def prune(self, before_ms: int) -> int: ...
 
+    async def add_key(self, key: IssuedKey) -> bool: ...
+
+    async def list_keys(self) -> list[IssuedKey]: ...
+
+    async def delete_key(self, name: str) -> bool: ...
+
+    async def keys_version(self) -> int: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -132,6 +183,8 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self.rows: dict[str, LedgerRow] = {}
+        self.keys: dict[str, IssuedKey] = {}
+        self.version = 0
         self.fail: BaseException | None = None  # tests: the next writes raise this
         self.writes = 0
 
@@ -169,11 +222,38 @@ class MemoryStore:
             del self.rows[rid]
         return len(old)
 
+    def _check(self) -> None:
+        if self.fail is not None:
+            raise StoreError(str(self.fail))
+
+    async def add_key(self, key: IssuedKey) -> bool:
+        self._check()
+        if key.name in self.keys or any(k.key_sha256 == key.key_sha256 for k in self.keys.values()):
+            return False
+        self.keys[key.name] = key
+        self.version += 1
+        return True
+
+    async def list_keys(self) -> list[IssuedKey]:
+        self._check()
+        return sorted(self.keys.values(), key=lambda k: k.name)
+
+    async def delete_key(self, name: str) -> bool:
+        self._check()
+        if self.keys.pop(name, None) is None:
+            return False
+        self.version += 1
+        return True
+
+    async def keys_version(self) -> int:
+        self._check()
+        return self.version
+
     async def aclose(self) -> None:
         return None
 
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _TABLE = """CREATE TABLE requests (
     id {serial} PRIMARY KEY,
@@ -201,10 +281,31 @@ _TABLE = """CREATE TABLE requests (
     attempts INTEGER NOT NULL
 )"""
 
+_KEYS_TABLE = """CREATE TABLE api_keys (
+    name TEXT PRIMARY KEY,
+    key_sha256 TEXT NOT NULL UNIQUE,
+    hint TEXT NOT NULL,
+    team TEXT NOT NULL,
+    user_name TEXT NOT NULL,
+    models TEXT,
+    limits TEXT,
+    created_ms BIGINT NOT NULL,
+    expires_ms BIGINT
+)"""
+
 # version -> the statements that bring the schema from the version before to it
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (_TABLE, "CREATE INDEX requests_started_ms ON requests (started_ms)"),
+    2: (
+        _KEYS_TABLE,
+        "CREATE TABLE api_keys_version (version BIGINT NOT NULL)",
+        "INSERT INTO api_keys_version (version) VALUES (0)",
+    ),
 }
+
+_KEY_INSERT = f"INSERT INTO api_keys ({', '.join(_KEY_COLUMNS)}) VALUES ({{marks}}) ON CONFLICT DO NOTHING"
+_KEY_SELECT = f"SELECT {', '.join(_KEY_COLUMNS)} FROM api_keys ORDER BY name"
+_KEY_BUMP = "UPDATE api_keys_version SET version = version + 1"  # the row lock orders concurrent changes
 
 _SQL_COLUMNS = tuple("user_name" if c == "user" else c for c in COLUMNS)  # `user` is reserved in PostgreSQL
 
@@ -320,6 +421,39 @@ class SqliteStore:
         pruned: int = await asyncio.to_thread(self._call, work)
         return pruned
 
+    def _changed(self, sql: str, params: tuple[Any, ...]) -> bool:
+        def work(db: sqlite3.Connection) -> bool:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                changed = db.execute(sql, params).rowcount > 0
+                if changed:
+                    db.execute(_KEY_BUMP)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return changed
+
+        result: bool = self._call(work)
+        return result
+
+    async def add_key(self, key: IssuedKey) -> bool:
+        sql = _KEY_INSERT.format(marks=", ".join("?" * len(_KEY_COLUMNS)))
+        return await asyncio.to_thread(self._changed, sql, _key_values(key))
+
+    async def list_keys(self) -> list[IssuedKey]:
+        records = await asyncio.to_thread(self._call, lambda db: db.execute(_KEY_SELECT).fetchall())
+        return [_issued(r) for r in records]
+
+    async def delete_key(self, name: str) -> bool:
+        return await asyncio.to_thread(self._changed, "DELETE FROM api_keys WHERE name = ?", (name,))
+
+    async def keys_version(self) -> int:
+        record = await asyncio.to_thread(
+            self._call, lambda db: db.execute("SELECT version FROM api_keys_version").fetchone()
+        )
+        return int(record[0])
+
     async def aclose(self) -> None:
         def close() -> None:
             with self._lock:
@@ -410,6 +544,32 @@ class PostgresStore:
     async def prune(self, before_ms: int) -> int:
         status = await self._run(lambda conn: conn.execute("DELETE FROM requests WHERE started_ms < $1", before_ms))
         return int(str(status).rsplit(" ", 1)[-1] or 0)
+
+    async def _changed(self, sql: str, params: Sequence[Any]) -> bool:
+        async def work(conn: Any) -> bool:
+            async with conn.transaction():
+                status = await conn.execute(sql, *params)
+                changed = int(str(status).rsplit(" ", 1)[-1] or 0) > 0
+                if changed:
+                    await conn.execute(_KEY_BUMP)
+                return changed
+
+        result: bool = await self._run(work)
+        return result
+
+    async def add_key(self, key: IssuedKey) -> bool:
+        sql = _KEY_INSERT.format(marks=", ".join(f"${i}" for i in range(1, len(_KEY_COLUMNS) + 1)))
+        return await self._changed(sql, _key_values(key))
+
+    async def list_keys(self) -> list[IssuedKey]:
+        records = await self._run(lambda conn: conn.fetch(_KEY_SELECT))
+        return [_issued(tuple(r)) for r in records]
+
+    async def delete_key(self, name: str) -> bool:
+        return await self._changed("DELETE FROM api_keys WHERE name = $1", (name,))
+
+    async def keys_version(self) -> int:
+        return int(await self._run(lambda conn: conn.fetchval("SELECT version FROM api_keys_version")))
 
     async def aclose(self) -> None:
         if self._pool is not None:

@@ -287,7 +287,7 @@ models: {m: {targets: [{provider: m}]}}
         ("auth: {keys: [{name: ci, key: ' '}]}", {}, "key 'ci' is empty"),
         ("", {}, "no auth.keys"),
         ("auth: {keys: []}", {}, "no auth.keys"),
-        ("auth: {open: true, keys: [k]}", {}, "exclude each other"),
+        ("auth: {open: true, keys: [k]}", {}, "excludes auth.keys and auth.jwt"),
     ],
 )
 def test_an_empty_key_or_a_silent_open_gateway_is_a_config_error(

@@ -10,7 +10,16 @@ from typing import Any
 
 import pytest
 
-from gateway.store import SCHEMA_VERSION, LedgerRow, MemoryStore, Store, StoreError, UsageQuery, open_store
+from gateway.store import (
+    SCHEMA_VERSION,
+    IssuedKey,
+    LedgerRow,
+    MemoryStore,
+    Store,
+    StoreError,
+    UsageQuery,
+    open_store,
+)
 from tests.postgres import PostgresServer, new_database
 
 HOUR = 3_600_000
@@ -134,7 +143,7 @@ def test_the_schema_is_created_once_and_versioned(tmp_path: Path) -> None:
     for _ in range(2):  # a restart finds the schema at its version and changes nothing
         run(open_store(url), lambda store: store.write([row(0)]))
     db = sqlite3.connect(tmp_path / "ledger.db")
-    assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+    assert db.execute("SELECT version FROM schema_version").fetchall() == [(v,) for v in range(1, SCHEMA_VERSION + 1)]
     assert db.execute("SELECT COUNT(*) FROM requests").fetchone() == (1,)
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION + 1,))
@@ -166,7 +175,7 @@ def test_postgres_migrates_once_with_many_replicas_starting(postgres: PostgresSe
         assert totals[0].requests == 12
         return versions
 
-    assert asyncio.run(go()) == [SCHEMA_VERSION]
+    assert asyncio.run(go()) == list(range(1, SCHEMA_VERSION + 1))
 
 
 def test_an_unreachable_store_is_a_store_error() -> None:
@@ -187,3 +196,55 @@ def test_store_urls_are_checked(url: str) -> None:
 def test_a_query_refuses_unknown_dimensions() -> None:
     with pytest.raises(ValueError):
         UsageQuery(start_ms=0, end_ms=1, bucket_ms=1, group_by=("request_id; DROP TABLE requests",))
+
+
+def issued(name: str, digest: str, **fields: Any) -> IssuedKey:
+    return IssuedKey(name=name, key_sha256=digest, hint="sk-gw-…abcd", created_ms=T0, **fields)
+
+
+def test_issued_keys_are_added_listed_and_deleted_and_each_change_raises_the_version(store_url: str) -> None:
+    async def work(store: Store) -> None:
+        assert await store.list_keys() == [] and await store.keys_version() == 0
+        alice = issued(
+            "alice",
+            "a" * 64,
+            team="pay",
+            user="alice@example.com",
+            models=["sonnet"],
+            limits={"requests_per_minute": 5},
+            expires_ms=T0 + HOUR,
+        )
+        assert await store.add_key(alice)
+        assert await store.add_key(issued("bob", "b" * 64))
+        assert not await store.add_key(issued("alice", "c" * 64))  # the name is taken
+        assert not await store.add_key(issued("carol", "a" * 64))  # so is the digest
+        assert await store.keys_version() == 2
+        listed = await store.list_keys()
+        assert [k.name for k in listed] == ["alice", "bob"] and listed[0] == alice
+        assert await store.delete_key("alice") and not await store.delete_key("alice")
+        assert [k.name for k in await store.list_keys()] == ["bob"] and await store.keys_version() == 3
+
+    run(open_store(store_url), work)
+
+
+def test_a_version_1_ledger_is_migrated_to_hold_keys_and_keeps_its_rows(tmp_path: Path) -> None:
+    from gateway import store as store_module
+
+    db = sqlite3.connect(tmp_path / "ledger.db")
+    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    for statement in store_module._MIGRATIONS[1]:
+        db.execute(statement.format(serial="INTEGER"))
+    db.execute("INSERT INTO schema_version VALUES (1)")
+    db.commit()
+    db.close()
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    run(open_store(url), lambda store: store.write([row(0)]))
+
+    async def work(store: Store) -> list[IssuedKey]:
+        await store.add_key(issued("alice", "a" * 64))
+        return await store.list_keys()
+
+    assert [k.name for k in run(open_store(url), work)] == ["alice"]
+    db = sqlite3.connect(tmp_path / "ledger.db")
+    assert db.execute("SELECT MAX(version) FROM schema_version").fetchone() == (SCHEMA_VERSION,)
+    assert db.execute("SELECT COUNT(*) FROM requests").fetchone() == (1,)
