@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from litestar import Request, Response, delete, get, post
+from litestar import Request, Response, delete, route
 
 from gateway.api import error_response
 from gateway.edge import is_admin
@@ -76,7 +76,12 @@ def _json(body: Any, rid: str, status: int = 200) -> Response[bytes]:
     return Response(_encode(body), status_code=status, media_type=_JSON, headers={"request-id": rid})
 
 
-@post("/v1/gateway/keys", status_code=201)
+@route("/v1/gateway/keys", http_method=["GET", "POST"])
+async def keys(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """One handler for the collection's two methods (so ``OPTIONS`` and a 405's ``allow`` name both)."""
+    return await (issue_key(request) if request.method == "POST" else list_keys(request))
+
+
 async def issue_key(request: Request[Any, Any, Any]) -> Response[bytes]:
     rid = new_request_id()
     try:
@@ -100,7 +105,6 @@ async def issue_key(request: Request[Any, Any, Any]) -> Response[bytes]:
     return _json(key_object(record, int(time.time() * 1000), secret), rid, 201)
 
 
-@get("/v1/gateway/keys")
 async def list_keys(request: Request[Any, Any, Any]) -> Response[bytes]:
     rid = new_request_id()
     try:
@@ -143,4 +147,4 @@ async def revoke_key(request: Request[Any, Any, Any], name: str) -> Response[byt
     return _json({"type": "api_key_deleted", "id": name}, rid)
 
 
-KEY_HANDLERS = [issue_key, list_keys, revoke_key]
+KEY_HANDLERS = [keys, revoke_key]

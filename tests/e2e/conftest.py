@@ -1,0 +1,71 @@
+"""The end-to-end tests' shared fixture: the gateway as a process (``messages-gateway serve``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+        self.proc = proc
+        self.url = url
+        self.log = log
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[object]:
+    started: list[Served] = []
+
+    def start(config: Path, *extra: str) -> Served:
+        port = _free_port()
+        log = tmp_path / f"gateway-{port}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port), *extra],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=0.5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            proc.kill()
+            raise RuntimeError(f"gateway did not start:\n{log.read_text()}")
+        served = Served(proc, url, log)
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:  # stopped as an operator stops it (and so that subprocess coverage is written)
+        if served.proc.poll() is None:
+            served.proc.terminate()
+            try:
+                served.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                served.proc.kill()
+                served.proc.wait(10)
+
+
