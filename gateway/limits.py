@@ -220,7 +220,7 @@ class Lease:
     ``message_delta``), and it is settled once, with the totals it ended with (partial for a failed or cancelled
     stream), which also gives back its slot in flight."""
 
-    __slots__ = ("_cost", "_limiter", "_pending", "_rules", "_timer", "_tokens", "settled")
+    __slots__ = ("_cost", "_limiter", "_pending", "_rules", "_tokens", "settled")
 
     def __init__(self, limiter: Limiter, rules: list[Rule]) -> None:
         self._limiter = limiter
@@ -228,7 +228,6 @@ class Lease:
         self._tokens = 0  # counted so far
         self._cost = 0.0
         self._pending: tuple[int, float] = (0, 0.0)  # counted here, not yet sent to shared counters
-        self._timer: asyncio.TimerHandle | None = None
         self.settled = False
 
     def count(self, tokens: int, cost: float | None) -> None:
@@ -246,11 +245,8 @@ class Lease:
             return
         self.count(tokens, cost)
         self.settled = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         pending, self._pending = self._pending, (0, 0.0)
-        self._limiter.settle(self._rules, *pending)
+        self._limiter.settle(self._rules, *pending, lease=self)
 
 
 class Limiter:
@@ -273,6 +269,8 @@ class Limiter:
         self._store_errors = store_errors
         self._logged_at = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._waiting: set[Lease] = set()  # leases with counts not yet sent to shared counters
+        self._flush_at: asyncio.TimerHandle | None = None
 
     @staticmethod
     def rules(settings: Settings, key: ClientKey | None) -> list[Rule]:
@@ -375,23 +373,30 @@ class Limiter:
 
     def count(self, lease: Lease, tokens: int, cost: float) -> None:
         """More tokens and cost for a running request: counted now in this process's counters; for shared ones
-        gathered on the lease and sent within ``SHARED_COUNT_DELAY`` seconds, or with the settlement when the
-        request ends before that (so a short request costs one round trip at its end, and a long stream's input
-        tokens are counted for everyone while it runs)."""
+        gathered on the lease and sent by the next flush (one every ``SHARED_COUNT_DELAY`` seconds at most, every
+        waiting lease in one round trip), or with the settlement when the request ends first (so a short request
+        costs one round trip at its end, and a long stream's input tokens are counted for everyone while it
+        runs)."""
         if isinstance(self.counters, MemoryCounters):
             now = self._clock()
             self.counters.add_now(self._usage_adds(lease._rules, tokens, cost, now), now)
             return
         held, spent = lease._pending
         lease._pending = (held + tokens, spent + cost)
-        if lease._timer is None:
-            lease._timer = asyncio.get_running_loop().call_later(SHARED_COUNT_DELAY, self._flush, lease)
+        self._waiting.add(lease)
+        if self._flush_at is None:
+            self._flush_at = asyncio.get_running_loop().call_later(SHARED_COUNT_DELAY, self._flush)
 
-    def _flush(self, lease: Lease) -> None:
-        lease._timer = None
-        (tokens, cost), lease._pending = lease._pending, (0, 0.0)
-        if not lease.settled and (tokens or cost):
-            self._send(self._usage_adds(lease._rules, tokens, cost, self._clock()))
+    def _flush(self) -> None:
+        self._flush_at = None
+        now = self._clock()
+        adds: list[Add] = []
+        for lease in self._waiting:
+            (tokens, cost), lease._pending = lease._pending, (0, 0.0)
+            adds += self._usage_adds(lease._rules, tokens, cost, now)
+        self._waiting.clear()
+        if adds:
+            self._send(adds)
 
     def _usage_adds(self, rules: list[Rule], tokens: int, cost: float, now: float) -> list[Add]:
         minute = int(now // 60)
@@ -404,11 +409,13 @@ class Limiter:
                 adds.append((f"{scope}|usd|{window}", cost, max(1, math.ceil(ends - now)) + 86_400))
         return adds
 
-    def settle(self, rules: list[Rule], tokens: int = 0, cost: float = 0.0) -> None:
+    def settle(self, rules: list[Rule], tokens: int = 0, cost: float = 0.0, lease: Lease | None = None) -> None:
         """A request ended: give back its slot in flight, with the tokens and cost not yet counted (off the
         request path with Redis: one round trip in a task)."""
         if not rules:
             return
+        if lease is not None:
+            self._waiting.discard(lease)
         now = self._clock()
         adds: list[Add] = [(f"{scope}|inflight", -1, _INFLIGHT_TTL) for scope, _ in rules]
         adds += self._usage_adds(rules, tokens, cost, now)
@@ -437,6 +444,9 @@ class Limiter:
             log.warning("rate-limit store unreachable (%s): limits.on_store_error is %s", exc, self._policy)
 
     async def aclose(self) -> None:
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.counters.aclose()
