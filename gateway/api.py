@@ -10,6 +10,7 @@ import msgspec
 from litestar import Request, Response, get
 from litestar.exceptions import HTTPException
 
+import surfaces
 from gateway.edge import is_admin, may_use
 from gateway.errors import (
     AuthenticationError,
@@ -49,6 +50,7 @@ def _model_info(route: Route, model_id: str | None = None) -> dict[str, Any]:
         "type": "model",
         "id": model,
         "display_name": route.display_name if model_id is None else model,
+        "description": route.description or f"{route.display_name}, served by messages-gateway",
         "created_at": "2025-01-01T00:00:00Z",
     }
 
@@ -102,6 +104,23 @@ async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[
     return Response(_encode(info), media_type=_JSON, headers={"request-id": rid})
 
 
+@get("/inference-profiles")
+async def inference_profiles(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Bedrock's ``ListInferenceProfiles`` over the aliases a key may use (Claude Code's Bedrock mode asks for
+    ``?type=SYSTEM_DEFINED`` at start-up; an ``APPLICATION`` list is empty)."""
+    gw = _gateway(request)
+    runtime = gw.runtime
+    rid = new_request_id()
+    try:
+        _, key = await gw.identity.authenticate(runtime, request.headers)
+    except GatewayError as exc:
+        return error_response(exc, rid)
+    kind = request.query_params.get("type", "SYSTEM_DEFINED")
+    routes = [r for r in runtime.routes.aliases() if may_use(key, r, r.alias)] if kind == "SYSTEM_DEFINED" else []
+    body = surfaces.inference_profiles([(r.alias, r.display_name) for r in routes], "us-east-1")
+    return Response(_encode(body), media_type=_JSON, headers={"request-id": rid, "x-amzn-requestid": rid})
+
+
 @get("/healthz")
 async def healthz() -> Response[bytes]:
     return Response(b'{"status":"ok"}', media_type=_JSON)
@@ -133,5 +152,5 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[byt
     return error_response(GatewayError("internal gateway error"), rid)
 
 
-HANDLERS = [list_models, get_model, healthz, metrics]
+HANDLERS = [list_models, get_model, healthz, metrics, inference_profiles]
 exception_handlers: dict[int | type[Exception], Any] = {HTTPException: _http_exception, Exception: _unexpected}

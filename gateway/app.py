@@ -16,6 +16,7 @@ from typing import Any
 
 from litestar import Litestar
 
+import surfaces
 from gateway.api import HANDLERS, exception_handlers
 from gateway.core import Gateway
 from gateway.errors import GatewayError, new_request_id
@@ -38,6 +39,7 @@ log = logging.getLogger("gateway")
 
 _MESSAGES_ROUTES = {"/v1/messages": False, "/v1/messages/count_tokens": True}  # path -> count
 _PROBES = frozenset({"/", "/api/hello"})  # Claude Code's start-up probes (HEAD): 200, no body
+_SURFACE_PREFIXES = (surfaces.BEDROCK_PREFIX, surfaces.VERTEX_PREFIX)
 
 
 class GatewayApp:
@@ -61,9 +63,14 @@ class GatewayApp:
             await self.litestar(scope, receive, send)  # type: ignore[arg-type]
             return
         gw: Gateway = self.litestar.state.gateway
-        count = _MESSAGES_ROUTES.get(scope["path"])
+        path = scope["path"]
+        count = _MESSAGES_ROUTES.get(path)
         if count is None:
-            await self._other(gw, scope, receive, send)
+            call = surfaces.match(scope["method"], path) if path.startswith(_SURFACE_PREFIXES) else None
+            if call is not None:  # Bedrock- and Vertex-shaped clients: the same edge, their own shapes
+                await messages_endpoint(gw, scope, receive, send, call=call)
+            else:
+                await self._other(gw, scope, receive, send)
         elif scope["method"] == "POST":
             await messages_endpoint(gw, scope, receive, send, count=count)
         else:

@@ -28,6 +28,7 @@ from gateway.usage import Outcome, UsageTally
 if TYPE_CHECKING:
     from gateway.core import Gateway
     from gateway.runtime import Runtime
+    from surfaces import Call
 
 __all__ = [
     "DRAIN_CANCEL",
@@ -165,9 +166,15 @@ def _tally(gw: Gateway, runtime: Runtime, scope: Scope, headers: Mapping[str, st
     return UsageTally(gw.metrics, alias="", context=context, recorder=gw.recorder)
 
 
-async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: Send, *, count: bool = False) -> None:
-    """``POST /v1/messages`` (``count=False``) or ``POST /v1/messages/count_tokens``. Sheds the request at once
-    when ``server.max_inflight`` are already in flight; everything that escapes is answered ``500 api_error``."""
+async def messages_endpoint(
+    gw: Gateway, scope: Scope, receive: Receive, send: Send, *, count: bool = False, call: Call | None = None
+) -> None:
+    """``POST /v1/messages`` (``count=False``) or ``POST /v1/messages/count_tokens``; or a Bedrock- or
+    Vertex-shaped ``call`` (``surfaces``), whose body is made canonical once read and whose answer goes out
+    through its own ``send``. Sheds the request at once when ``server.max_inflight`` are already in flight;
+    everything that escapes is answered ``500 api_error``."""
+    if call is not None:
+        send, count = call.wrap(send), call.count
     headers = _headers(scope)
     runtime = gw.runtime  # taken once: this request's keys, routes and settings, whatever reloads meanwhile
     tally = _tally(gw, runtime, scope, headers)
@@ -186,7 +193,7 @@ async def messages_endpoint(gw: Gateway, scope: Scope, receive: Receive, send: S
     gw.active += 1
     runtime.enter()
     try:
-        await _serve(gw, runtime, scope, receive, send, headers, tally, count=count)
+        await _serve(gw, runtime, scope, receive, send, headers, tally, count=count, call=call)
     except Exception:
         log.exception("unhandled error on %s %s (request %s)", scope["method"], scope["path"], context.request_id)
         tally.status = tally.status or 500
@@ -207,6 +214,7 @@ async def _serve(
     tally: UsageTally,
     *,
     count: bool,
+    call: Call | None = None,
 ) -> None:
     context = tally.context
     rid, reply = context.request_id, context.reply
@@ -215,6 +223,8 @@ async def _serve(
         context.key = key
         server = runtime.settings.server
         body = await _read(scope, receive, headers, server.client_timeout_s, server.max_request_bytes)
+        if call is not None:  # a Bedrock- or Vertex-shaped request: the Messages body it stands for
+            body = call.canonical(body, headers, runtime.routes)
         if count:
             model, stream, max_tokens = parse_count_tokens(body).model, False, None
         else:

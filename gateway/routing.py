@@ -43,6 +43,7 @@ class Route:
     __slots__ = (
         "alias",
         "balancer",
+        "description",
         "display_name",
         "max_tokens",
         "max_tokens_policy",
@@ -63,10 +64,12 @@ class Route:
         max_tokens: int | None = None,
         max_tokens_policy: str = "reject",
         rng: random.Random | None = None,
+        description: str | None = None,
     ) -> None:
         self.alias = alias
         self.targets = targets
         self.display_name = display_name or alias
+        self.description = description
         self.strategy = strategy
         self.balancer = Balancer(strategy, [t.health for t in targets], weights, rng=rng)
         self.ping_interval_s = ping_interval_s
@@ -94,6 +97,7 @@ class RouteTable:
         breaker = breaker or BreakerSettings()
         self._exact: dict[str, Route] = {}
         self._globs: list[Route] = []
+        self._cloud_ids: dict[tuple[str, str], Route] = {}  # ("bedrock" | "vertex", id) -> route
         for alias, spec in models.items():
             targets = tuple(
                 Target(
@@ -113,7 +117,11 @@ class RouteTable:
                 max_tokens=spec.max_tokens,
                 max_tokens_policy=spec.max_tokens_policy,
                 rng=rng,
+                description=spec.description,
             )
+            for kind, ids in (("bedrock", spec.bedrock_ids), ("vertex", spec.vertex_ids)):
+                for cloud_id in ids:
+                    self._cloud_ids.setdefault((kind, cloud_id), route)
             if is_glob(alias):
                 self._globs.append(route)
             else:
@@ -127,6 +135,10 @@ class RouteTable:
             if fnmatchcase(model, route.alias):
                 return route
         raise NotFound(f"model {model!r} is not served by this gateway (see GET /v1/models)")
+
+    def by_cloud_id(self, kind: str, cloud_id: str) -> Route | None:
+        """The route whose ``bedrock_ids`` (``kind`` "bedrock") or ``vertex_ids`` list ``cloud_id``."""
+        return self._cloud_ids.get((kind, cloud_id))
 
     def aliases(self) -> list[Route]:
         """The routes with a concrete name, in config order (glob routes cannot be listed)."""

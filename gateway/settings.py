@@ -343,6 +343,10 @@ class TargetConfig(_Strict, frozen=True, kw_only=True):
 class ModelRoute(_Strict, frozen=True, kw_only=True):
     targets: Annotated[list[TargetConfig], msgspec.Meta(min_length=1)]
     display_name: str | None = None
+    description: str | None = None  # GET /v1/models (Claude Code's model discovery shows it)
+    # model ids the Bedrock- and Vertex-shaped routes map to this alias before the default rule (surfaces/)
+    bedrock_ids: list[str] = []
+    vertex_ids: list[str] = []
     strategy: Literal["fallback", "weighted", "round_robin", "least_latency"] = "fallback"
     ping_interval_s: PositiveFloat | None = None  # None: server.ping_interval_s
     max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None  # a ceiling for max_tokens

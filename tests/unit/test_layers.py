@@ -1,5 +1,5 @@
-"""The drawing of the layers in docs/design.md is the code's: every module of gateway/ and adapters/ is in it
-once, every import (at module level, inside a function, or for type checking only) goes to the module's own
+"""The drawing of the layers in docs/design.md is the code's: every module of gateway/, adapters/ and surfaces/
+is in it once, every import (at module level, inside a function, or for type checking only) goes to the module's own
 layer or one below, the imports form no cycle, and the adapters import nothing above the wire layer (no HTTP
 layer, no metrics, no pipeline)."""
 
@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gateway", "adapters")
+PACKAGES = ("gateway", "adapters", "surfaces")
 
 
 def _modules() -> dict[str, Path]:
