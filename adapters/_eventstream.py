@@ -10,15 +10,20 @@ the same loop compiled, ``adapters._eventstream_c.scan`` (adapters/_eventstream_
 there is a C compiler): ~12x fewer instructions than the Python loop. ``IMPLEMENTATION`` says which is in use
 ("c" or "python"); both give the same messages and the same errors for any input (tests/unit/test_eventstream.py).
 
-The encoder exists for the fake Bedrock upstream in tests and the benchmark, so they send frames with
-real CRCs that this decoder and botocore both accept.
+The encoder ``encode_message`` exists for the fake Bedrock upstream in tests and the benchmark, so they send
+frames with real CRCs that this decoder and botocore both accept. ``encode_chunks`` writes the one message
+shape a Bedrock InvokeModelWithResponseStream client reads, an Anthropic event per ``chunk`` message
+(``{"bytes":"<base64 of the event>"}``), many at once: ``adapters._eventstream_c.encode_chunks`` when it is
+built, else its pure-Python twin ``encode_chunks_py``; both give the same bytes as ``encode_message`` with
+``CHUNK_HEADERS`` (tests/unit/test_eventstream_encode.py).
 """
 
 from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Callable
+from binascii import b2a_base64
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Union
 
 try:  # python-isal: CRC-32 by carry-less multiplication, no lookup tables to evict (see docs/benchmarks.md)
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
     from . import _eventstream_c
 
 __all__ = [
+    "CHUNK_HEADERS",
     "IMPLEMENTATION",
     "MAX_HEADERS_LENGTH",
     "MAX_PAYLOAD_LENGTH",
@@ -37,6 +43,8 @@ __all__ = [
     "EventStreamError",
     "EventStreamMessage",
     "HeaderValue",
+    "encode_chunks",
+    "encode_chunks_py",
     "encode_message",
     "parse_headers",
 ]
@@ -282,3 +290,44 @@ def encode_message(headers: dict[str, HeaderValue], payload: bytes) -> bytes:
     prelude = struct.pack(">II", total, len(raw_headers))
     body = prelude + struct.pack(">I", crc32(prelude)) + raw_headers + payload
     return body + struct.pack(">I", crc32(body))
+
+
+# The headers of every chunk message ``encode_chunks`` writes, in this order; their header block (75 bytes) is
+# built once, here (mutating the dict changes nothing). The C encoder writes the same bytes
+# (adapters/_eventstream_c.c).
+CHUNK_HEADERS: dict[str, HeaderValue] = {
+    ":event-type": "chunk",
+    ":content-type": "application/json",
+    ":message-type": "event",
+}
+_CHUNK_HEADER_BLOCK = b"".join(_encode_header(name, value) for name, value in CHUNK_HEADERS.items())
+_CHUNK_PRELUDE = struct.Struct(">II")
+_CHUNK_OPEN = b'{"bytes":"'
+_CHUNK_CLOSE = b'"}'
+_CHUNK_OVERHEAD = _MIN_LENGTH + len(_CHUNK_HEADER_BLOCK) + len(_CHUNK_OPEN) + len(_CHUNK_CLOSE)
+
+
+def encode_chunks_py(datas: Sequence[bytes]) -> bytes:
+    """Every event of ``datas`` as one ``chunk`` message (``CHUNK_HEADERS``, payload
+    ``{"bytes":"<base64 of the event>"}``), concatenated: ``encode_message(CHUNK_HEADERS, payload)`` each.
+    The pure-Python twin of ``_eventstream_c.encode_chunks``."""
+    out: list[bytes] = []
+    append = out.append
+    pack_prelude = _CHUNK_PRELUDE.pack
+    pack_u32 = _U32.pack
+    headers = _CHUNK_HEADER_BLOCK
+    headers_length = len(headers)
+    for data in datas:
+        digits = b2a_base64(data, newline=False)
+        prelude = pack_prelude(len(digits) + _CHUNK_OVERHEAD, headers_length)
+        body = b"".join((prelude, pack_u32(crc32(prelude)), headers, _CHUNK_OPEN, digits, _CHUNK_CLOSE))
+        append(body)
+        append(pack_u32(crc32(body)))
+    return b"".join(out)
+
+
+encode_chunks: Callable[[list[bytes]], bytes]
+try:  # the same compiled (a stale build without it: the twin)
+    from ._eventstream_c import encode_chunks
+except ImportError:  # pragma: no cover - no compiler where it was installed
+    encode_chunks = encode_chunks_py

@@ -2,7 +2,8 @@
  * buffer, checks both CRC-32s and the limits, and returns what ``_scan_py`` (its pure-Python twin, the
  * fallback when this module is not built) returns, byte for byte and message for message. And
  * ``chunk_events``: the base64-decoded events of InvokeModelWithResponseStream chunk payloads of Bedrock's
- * exact shape (adapters/_bedrock_stream.py falls back to msgspec for any other).
+ * exact shape (adapters/_bedrock_stream.py falls back to msgspec for any other); and ``encode_chunks``, the
+ * inverse: events as chunk messages for a Bedrock client (``encode_chunks_py``, its twin, when not built).
  *
  * Optional: setup.py builds it when a C compiler is there. Nothing but the CPython C API and its own
  * CRC-32 (below; no library to link). See docs/benchmarks.md for what it saves.
@@ -457,12 +458,13 @@ static PyObject *crc32_table_py(PyObject *module, PyObject *const *args, Py_ssiz
 static unsigned char b64_values[256]; /* 0..63, or 0xFF: not a base64 digit ('=' included) */
 static unsigned char pad_ok[256];     /* 1: a byte the padding may hold (printable ASCII or DEL, not " or \) */
 
+static const char b64_digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
 static void b64_init(void)
 {
-    static const char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     memset(b64_values, 0xFF, sizeof b64_values);
     for (int i = 0; i < 64; i++)
-        b64_values[(unsigned char)digits[i]] = (unsigned char)i;
+        b64_values[(unsigned char)b64_digits[i]] = (unsigned char)i;
     for (int c = 0; c < 256; c++)
         pad_ok[c] = c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
 }
@@ -768,12 +770,129 @@ static PyObject *chunk_batch(PyObject *module, PyObject *payloads)
     return result;
 }
 
+/* ``encode_chunks``: Anthropic events as the ``chunk`` messages a Bedrock InvokeModelWithResponseStream
+ * client reads, the inverse of ``chunk_events``: headers ``:event-type`` chunk, ``:content-type``
+ * application/json, ``:message-type`` event (all strings, in this order: CHUNK_HEADERS of
+ * adapters/_eventstream.py) and payload ``{"bytes":"<standard base64, '=' padded>"}``, real CRCs. The same
+ * bytes as ``encode_chunks_py``, into one bytes object sized first.
+ *
+ * The header block: each header its name length, name, type 7 (string), u16 value length, value (the strings
+ * split because "\x05c" would be one escape). */
+#define CHUNK_HEADER_BLOCK                                                                                    \
+    "\x0b" ":event-type" "\x07\x00\x05" "chunk"                                                               \
+    "\x0d" ":content-type" "\x07\x00\x10" "application/json"                                                  \
+    "\x0d" ":message-type" "\x07\x00\x05" "event"
+#define CHUNK_HEADER_BLOCK_LENGTH (sizeof CHUNK_HEADER_BLOCK - 1) /* 75 */
+#define CHUNK_CLOSE "\"}"
+#define CHUNK_CLOSE_LENGTH (sizeof CHUNK_CLOSE - 1)
+#define CHUNK_OVERHEAD (MIN_LENGTH + CHUNK_HEADER_BLOCK_LENGTH + CHUNK_HEAD_LENGTH + CHUNK_CLOSE_LENGTH) /* 103 */
+_Static_assert(CHUNK_HEADER_BLOCK_LENGTH == 75, "the chunk header block is 75 bytes");
+
+/* The length of the base64 of ``n`` bytes ('=' padded). */
+static inline size_t b64_length(size_t n) { return n / 3 * 4 + (n % 3 ? 4 : 0); }
+
+/* ``n`` bytes at ``s`` as standard base64 ('=' padded) at ``o``; the end of what it wrote. */
+static unsigned char *b64_encode(const unsigned char *s, size_t n, unsigned char *o)
+{
+    const unsigned char *end = s + n / 3 * 3;
+    for (; s < end; s += 3, o += 4) {
+        const uint32_t v = ((uint32_t)s[0] << 16) | ((uint32_t)s[1] << 8) | s[2];
+        o[0] = (unsigned char)b64_digits[v >> 18];
+        o[1] = (unsigned char)b64_digits[(v >> 12) & 63];
+        o[2] = (unsigned char)b64_digits[(v >> 6) & 63];
+        o[3] = (unsigned char)b64_digits[v & 63];
+    }
+    switch (n % 3) {
+    case 1:
+        o[0] = (unsigned char)b64_digits[s[0] >> 2];
+        o[1] = (unsigned char)b64_digits[(s[0] & 0x03) << 4];
+        o[2] = o[3] = '=';
+        o += 4;
+        break;
+    case 2:
+        o[0] = (unsigned char)b64_digits[s[0] >> 2];
+        o[1] = (unsigned char)b64_digits[((s[0] & 0x03) << 4) | (s[1] >> 4)];
+        o[2] = (unsigned char)b64_digits[(s[1] & 0x0F) << 2];
+        o[3] = '=';
+        o += 4;
+        break;
+    }
+    return o;
+}
+
+static inline void put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+/* One chunk message of the ``n`` bytes ``data`` at ``o`` (``total`` bytes long); the end of it. */
+static unsigned char *write_chunk(unsigned char *o, uint32_t total, const unsigned char *data, size_t n)
+{
+    unsigned char *const start = o;
+    put_be32(o, total);
+    put_be32(o + 4, (uint32_t)CHUNK_HEADER_BLOCK_LENGTH);
+    const uint32_t prelude_crc = crc32_update(0, o, 8);
+    put_be32(o + 8, prelude_crc);
+    o += 12;
+    memcpy(o, CHUNK_HEADER_BLOCK, CHUNK_HEADER_BLOCK_LENGTH);
+    o += CHUNK_HEADER_BLOCK_LENGTH;
+    memcpy(o, CHUNK_HEAD, CHUNK_HEAD_LENGTH);
+    o = b64_encode(data, n, o + CHUNK_HEAD_LENGTH);
+    memcpy(o, CHUNK_CLOSE, CHUNK_CLOSE_LENGTH);
+    o += CHUNK_CLOSE_LENGTH;
+    put_be32(o, crc32_update(prelude_crc, start + 8, (size_t)(o - start) - 8));
+    return o + 4;
+}
+
+PyDoc_STRVAR(encode_chunks_doc,
+"encode_chunks(datas, /) -> bytes\n\n"
+"Every event of the list (bytes) as one event-stream ``chunk`` message, concatenated: headers\n"
+"``:event-type`` chunk, ``:content-type`` application/json, ``:message-type`` event (strings, in this\n"
+"order), payload ``{\"bytes\":\"<base64 of the event>\"}``, both CRC-32s. ``adapters._eventstream.encode_chunks_py``\n"
+"in C: the same bytes.");
+
+static PyObject *encode_chunks(PyObject *module, PyObject *datas)
+{
+    (void)module;
+    if (check_payloads("encode_chunks", datas) < 0)
+        return NULL;
+    const Py_ssize_t count = PyList_GET_SIZE(datas);
+    size_t size = 0;
+    for (Py_ssize_t k = 0; k < count; k++) { /* no Python code runs from here on: the list cannot change */
+        const size_t n = (size_t)PyBytes_GET_SIZE(PyList_GET_ITEM(datas, k));
+        const size_t total = b64_length(n) + CHUNK_OVERHEAD; /* n < PY_SSIZE_T_MAX: no overflow */
+        if (total > UINT32_MAX) {
+            PyErr_Format(PyExc_OverflowError, "encode_chunks(): event %zd of %zu bytes is too long for a message", k,
+                         n);
+            return NULL;
+        }
+        size += total;
+        if (size > (size_t)PY_SSIZE_T_MAX)
+            return PyErr_NoMemory();
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (out == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *data = PyList_GET_ITEM(datas, k);
+        const size_t n = (size_t)PyBytes_GET_SIZE(data);
+        o = write_chunk(o, (uint32_t)(b64_length(n) + CHUNK_OVERHEAD), (const unsigned char *)PyBytes_AS_STRING(data),
+                        n);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL, scan_doc},
     {"crc32", (PyCFunction)(void (*)(void))crc32_py, METH_FASTCALL, crc32_doc},
     {"_crc32_table", (PyCFunction)(void (*)(void))crc32_table_py, METH_FASTCALL, crc32_table_doc},
     {"chunk_events", (PyCFunction)chunk_events, METH_O, chunk_events_doc},
     {"chunk_batch", (PyCFunction)chunk_batch, METH_O, chunk_batch_doc},
+    {"encode_chunks", (PyCFunction)encode_chunks, METH_O, encode_chunks_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -820,7 +939,7 @@ static PyModuleDef_Slot slots[] = {
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT,
     .m_name = "adapters._eventstream_c",
-    .m_doc = "The event-stream frame loop of adapters._eventstream and Bedrock chunk decoding, compiled.",
+    .m_doc = "The event-stream frame loop of adapters._eventstream and Bedrock chunk decoding and encoding, compiled.",
     .m_size = sizeof(ModuleState),
     .m_methods = methods,
     .m_slots = slots,
