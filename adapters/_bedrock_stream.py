@@ -161,6 +161,8 @@ class BedrockEventStream:
                     batch = self._general_batch(payloads, failure)
                 if batch is not None:
                     self._previous = batch.views
+                    if failure is None:  # Bedrock's own frames, for a client that speaks Bedrock too
+                        batch.wire = decoder.last_messages()
                     yield batch
                 if failure is not None:
                     return

@@ -158,11 +158,13 @@ class EventStreamDecoder:
     header blocks are cached by their bytes; the dicts returned are shared and must not be mutated.
     """
 
-    __slots__ = ("_buf",)
+    __slots__ = ("_buf", "_fed", "_used")
     _scan = staticmethod(_scan)  # the frame loop, compiled when built (a test's subclass may swap in the other)
 
     def __init__(self) -> None:
         self._buf = b""
+        self._fed = b""  # the bytes the last feed scanned, and how many of them made whole messages
+        self._used = 0
 
     def feed(self, chunk: bytes) -> list[EventStreamMessage]:
         return [EventStreamMessage(parse_headers(raw), payload) for raw, payload in self.feed_raw(chunk)]
@@ -187,7 +189,13 @@ class EventStreamDecoder:
             raise EventStreamError(scanned.error, frames)
         start = scanned.offset
         self._buf = buf[start:] if start < len(buf) else b""
+        self._fed, self._used = buf, start
         return scanned.payloads, scanned.frames
+
+    def last_messages(self) -> bytes:
+        """The exact bytes of the messages the last feed returned (a partial one it keeps is not among them)."""
+        fed, used = self._fed, self._used
+        return fed if used == len(fed) else fed[:used]
 
     @property
     def pending(self) -> bool:

@@ -49,6 +49,7 @@ class RequestContext:
         "runtime",
         "session_id",
         "stream",
+        "wire",
     )
 
     def __init__(
@@ -78,3 +79,6 @@ class RequestContext:
         self.stream = False  # the client asked for a stream
         self.lease: Lease | None = None  # the request's hold on its rate limits and budgets (gateway.limits)
         self.response_headers: dict[str, str] = {}  # the gateway's own headers for the response (a clamp…)
+        # (the chunk of the body the pipeline yielded last, the provider's own bytes of it) when they are not SSE:
+        # a surface of that provider's shape sends those instead of re-encoding the chunk (surfaces.bedrock)
+        self.wire: tuple[bytes, bytes] | None = None

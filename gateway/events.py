@@ -404,7 +404,7 @@ class Batch:
     and ``datas`` is then only split out of it if something needs them one by one.
     """
 
-    __slots__ = ("_datas", "raw", "views")
+    __slots__ = ("_datas", "raw", "views", "wire")
 
     def __init__(self, views: list[EventView], datas: list[bytes] | None, raw: bytes | None = None) -> None:
         if datas is None and raw is None:
@@ -412,6 +412,9 @@ class Batch:
         self.views = views
         self._datas = datas
         self.raw = raw
+        # the provider's own bytes of the batch when its wire is not SSE (a Bedrock read's event-stream frames):
+        # what a client of that same shape gets, byte for byte, when the whole batch goes out
+        self.wire: bytes | None = None
 
     @property
     def datas(self) -> list[bytes]:

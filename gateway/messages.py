@@ -173,12 +173,12 @@ async def messages_endpoint(
     Vertex-shaped ``call`` (``surfaces``), whose body is made canonical once read and whose answer goes out
     through its own ``send``. Sheds the request at once when ``server.max_inflight`` are already in flight;
     everything that escapes is answered ``500 api_error``."""
-    if call is not None:
-        send, count = call.wrap(send), call.count
     headers = _headers(scope)
     runtime = gw.runtime  # taken once: this request's keys, routes and settings, whatever reloads meanwhile
     tally = _tally(gw, runtime, scope, headers)
     context = tally.context
+    if call is not None:
+        send, count = call.wrap(send, context), call.count
     if count:
         tally.timed = False  # a token count is not a message: no latency histograms
     limit = runtime.settings.server.max_inflight

@@ -302,6 +302,8 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
                     outcome = Outcome.COMPLETED if validator.state is State.DONE else Outcome.UPSTREAM_ERROR
             out = _forward(batch, sent, failure)
             if out:
+                wire = batch.wire
+                context.wire = (out, wire) if wire is not None and out is batch.raw else None
                 yield out
             if validator.state >= State.DONE:
                 return

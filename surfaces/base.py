@@ -11,7 +11,7 @@ import msgspec
 
 from gateway.errors import InvalidRequest, NotFound
 
-__all__ = ["Call", "Routes", "canonical_body", "cloud_model_names", "resolve_cloud_model"]
+__all__ = ["Call", "Routes", "Wire", "canonical_body", "cloud_model_names", "resolve_cloud_model"]
 
 Send = Callable[[dict[str, Any]], Any]
 
@@ -21,6 +21,13 @@ _encode = msgspec.json.Encoder().encode
 _GEO = re.compile(r"^(?:us|eu|apac|jp|au|ca|global|us-gov)\.")
 _BEDROCK_VERSION = re.compile(r"-v\d+(?::\d+)?$")  # -v1:0, -v2
 _DATE = re.compile(r"-\d{8}$")
+
+
+class Wire(Protocol):
+    """What a surface reads of the request's context (``gateway.context.RequestContext``): the chunk the pipeline
+    yielded last with the provider's own bytes of it, when they are not SSE."""
+
+    wire: tuple[bytes, bytes] | None
 
 
 class Routes(Protocol):
@@ -44,8 +51,9 @@ class Call(Protocol):
         ``headers["anthropic-beta"]``. ``InvalidRequest`` / ``NotFound`` as the Messages route answers them."""
         ...
 
-    def wrap(self, send: Send) -> Send:
-        """``send`` for the answer in this surface's shape."""
+    def wrap(self, send: Send, context: Wire) -> Send:
+        """``send`` for the answer in this surface's shape (``context``: the request's, for the provider's own
+        bytes of a chunk)."""
         ...
 
 
@@ -84,10 +92,11 @@ def resolve_cloud_model(kind: str, model_id: str, routes: Routes) -> str:
 
 
 def canonical_body(
-    body: bytes, *, model: str, stream: bool | None, drop: tuple[str, ...], keep_stream: bool = False
+    body: bytes, *, model: str, stream: bool | None, drop: tuple[str, ...]
 ) -> tuple[bytes, Mapping[str, msgspec.Raw]]:
-    """``body`` (a JSON object) with ``model`` set, ``stream`` set unless ``stream`` is None, and ``drop`` out;
-    and its top-level fields as they came. Nested values are carried as raw JSON."""
+    """``body`` (a JSON object) with ``model`` set, ``stream: true`` when ``stream`` is True and no ``stream``
+    when it is False (None: as the body says), and ``drop`` out; and its top-level fields as they came. Nested
+    values are carried as raw JSON."""
     try:
         fields = _decode_top(body)
     except msgspec.DecodeError as exc:
@@ -96,6 +105,8 @@ def canonical_body(
         raise InvalidRequest("request body is nested too deeply to decode") from None
     out: dict[str, Any] = {k: v for k, v in fields.items() if k not in drop and k != "model"}
     out["model"] = model
-    if stream is not None and not (keep_stream and "stream" in fields):
-        out["stream"] = stream
+    if stream:
+        out["stream"] = True
+    elif stream is not None:
+        out.pop("stream", None)
     return _encode(out), fields

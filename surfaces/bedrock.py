@@ -32,7 +32,7 @@ from gateway.errors import InvalidRequest
 from gateway.events import Usage, UsageView, decode_view
 from gateway.fold import fold_usage
 from gateway.sse import split_block
-from surfaces.base import Routes, Send, canonical_body, resolve_cloud_model
+from surfaces.base import Routes, Send, Wire, canonical_body, resolve_cloud_model
 
 __all__ = ["BEDROCK_PREFIX", "BedrockCall", "bedrock_error", "inference_profiles", "match_bedrock"]
 
@@ -183,9 +183,10 @@ class _Count(msgspec.Struct):
 class _BedrockSend:
     """The ASGI ``send`` of one Bedrock-shaped answer."""
 
-    def __init__(self, send: Send, stream: bool, count: bool) -> None:
+    def __init__(self, send: Send, stream: bool, count: bool, context: Wire) -> None:
         self._send = send
         self._count = count
+        self._context = context
         self._held: dict[str, Any] | None = None  # a head waiting for its body (errors, JSON answers)
         self._body: _Stream | None = None
         self._stream = stream
@@ -209,7 +210,11 @@ class _BedrockSend:
             self._held = None
             return
         if self._body is not None:
-            message = {**message, "body": self._body.encode(message.get("body", b""))}
+            block: bytes = message.get("body", b"")
+            wire = self._context.wire
+            # a Bedrock target's own frames go out byte for byte; anything else is encoded here
+            out = wire[1] if wire is not None and wire[0] is block else self._body.encode(block)
+            message = {**message, "body": out}
         await self._send(message)
 
     async def _answer(self, head: dict[str, Any], message: dict[str, Any]) -> None:
@@ -268,8 +273,8 @@ class BedrockCall:
                 headers["anthropic-beta"] = ",".join(merged)
         return out
 
-    def wrap(self, send: Send) -> Send:
-        return _BedrockSend(send, self.stream, self.count)
+    def wrap(self, send: Send, context: Wire) -> Send:
+        return _BedrockSend(send, self.stream, self.count, context)
 
 
 class _CountInput(msgspec.Struct):

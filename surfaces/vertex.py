@@ -19,7 +19,7 @@ from collections.abc import MutableMapping
 import msgspec
 
 from gateway.errors import InvalidRequest
-from surfaces.base import Routes, Send, canonical_body, resolve_cloud_model
+from surfaces.base import Routes, Send, Wire, canonical_body, resolve_cloud_model
 
 __all__ = ["VERTEX_PREFIX", "VertexCall", "match_vertex"]
 
@@ -68,5 +68,5 @@ class VertexCall:
         out, _ = canonical_body(body, model=model, stream=stream, drop=("anthropic_version",))
         return out
 
-    def wrap(self, send: Send) -> Send:
+    def wrap(self, send: Send, context: Wire) -> Send:
         return send
