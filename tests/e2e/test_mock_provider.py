@@ -31,6 +31,14 @@ def test_default_config_streams_a_labelled_mock_reply() -> None:
         assert raw.json()["model"] == "mock:claude-opus-4-1"
         count = client.messages.count_tokens(model="claude-sonnet-4-6", messages=[{"role": "user", "content": "Hi"}])
         assert count.input_tokens >= 1
+        for mantle in ("anthropic.claude-sonnet-4-6", "us.anthropic.claude-opus-5-5"):  # Claude Code's mantle names
+            reply = client.messages.create(model=mantle, max_tokens=5, messages=[{"role": "user", "content": "Hi"}])
+            assert reply.model == f"mock:{mantle}"
+        bedrock = anthropic.AnthropicBedrock(api_key="anything", base_url=gw.url, aws_region="us-east-1", max_retries=0)
+        reply = bedrock.messages.create(
+            model="us.anthropic.claude-opus-5-5", max_tokens=5, messages=[{"role": "user", "content": "Hi"}]
+        )
+        assert reply.model == "mock:claude-opus-5-5"  # the id mapped onto the claude-* route
 
 
 def test_mock_cites_the_documents_it_is_given() -> None:
