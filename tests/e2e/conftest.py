@@ -69,3 +69,27 @@ def serve(tmp_path: Path) -> Iterator[object]:
                 served.proc.wait(10)
 
 
+@pytest.fixture(scope="session")
+def claude_cli() -> Path:
+    """The real ``claude`` CLI (``tests/claude_cli.py``: ``$MESSAGES_GATEWAY_CLAUDE_CLI`` or the cache ``.ci/run``
+    installs it into), checked to run; a skip where it is missing (a failure when
+    ``MESSAGES_GATEWAY_REQUIRE_CLAUDE_CLI`` says it must be there, as ``.ci/run`` does)."""
+    from tests.claude_cli import CLAUDE_CODE_VERSION, ENV_CLI, ENV_REQUIRE, cache_dir, cli_version, find_claude_cli
+
+    cli = find_claude_cli()
+    problem = None
+    if cli is None and os.environ.get(ENV_CLI):
+        problem = f"{ENV_CLI}={os.environ[ENV_CLI]} is not an executable file"
+    elif cli is None:
+        problem = (
+            f"the Claude Code CLI is not installed (npm install --prefix {cache_dir()} --no-audit --no-fund "
+            f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}, or set MESSAGES_GATEWAY_CLAUDE_CLI)"
+        )
+    elif cli_version(cli) is None:
+        problem = f"{cli} --version does not run"
+    if problem is not None:
+        if os.environ.get(ENV_REQUIRE):
+            pytest.fail(f"Claude Code is required here ({ENV_REQUIRE}) but {problem}")
+        pytest.skip(problem)
+    assert cli is not None
+    return cli
