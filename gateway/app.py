@@ -67,8 +67,10 @@ class GatewayApp:
         count = _MESSAGES_ROUTES.get(path)
         if count is None:
             call = surfaces.match(scope["method"], path) if path.startswith(_SURFACE_PREFIXES) else None
-            if call is not None:  # Bedrock- and Vertex-shaped clients: the same edge, their own shapes
+            if call is not None and scope["method"] == "POST":  # Bedrock- and Vertex-shaped clients
                 await messages_endpoint(gw, scope, receive, send, call=call)
+            elif call is not None:
+                await method_not_allowed(gw, scope, send, allow="POST", call=call)
             else:
                 await self._other(gw, scope, receive, send)
         elif scope["method"] == "POST":

@@ -112,8 +112,10 @@ class _ClientGone(Exception):
     """The client disconnected before its request body was complete."""
 
 
-async def method_not_allowed(gw: Gateway, scope: Scope, send: Send, *, allow: str) -> None:
+async def method_not_allowed(gw: Gateway, scope: Scope, send: Send, *, allow: str, call: Call | None = None) -> None:
     tally = _tally(gw, gw.runtime, scope, _headers(scope))
+    if call is not None:  # in the surface's shape
+        send = call.wrap(send, tally.context)
     error = GatewayError(f"{scope['method']} is not allowed on {scope['path']}; use {allow}")
     error.status_code, error.error_type = 405, "invalid_request_error"
     error.headers["allow"] = allow

@@ -29,7 +29,8 @@ __all__ = [
 
 
 def match(method: str, path: str) -> Call | None:
-    """The surface call ``method path`` is, or None when no surface serves it."""
+    """The surface call ``method path`` is, or None when no surface serves the path (a call of another method
+    than POST is answered 405 by the edge)."""
     if path.startswith(BEDROCK_PREFIX):
         return match_bedrock(method, path)
     if path.startswith(VERTEX_PREFIX):

@@ -103,6 +103,9 @@ def canonical_body(
         raise InvalidRequest(f"request body is not a JSON object: {exc}") from None
     except RecursionError:
         raise InvalidRequest("request body is nested too deeply to decode") from None
+    version = fields.get("anthropic_version")
+    if version is not None and not bytes(version).startswith(b'"'):
+        raise InvalidRequest("anthropic_version: a string")
     out: dict[str, Any] = {k: v for k, v in fields.items() if k not in drop and k != "model"}
     out["model"] = model
     if stream:

@@ -83,7 +83,7 @@ _encode = msgspec.json.Encoder().encode
 def match_bedrock(method: str, path: str) -> BedrockCall | None:
     rest = path[len(BEDROCK_PREFIX) :]
     model, _, action = rest.rpartition("/")
-    if action not in _ACTIONS or not model or method != "POST":
+    if action not in _ACTIONS or not model:
         return None
     stream, count = _ACTIONS[action]
     return BedrockCall(unquote(model), stream=stream, count=count)

@@ -38,7 +38,7 @@ _decode_model = msgspec.json.Decoder(_Model).decode
 
 def match_vertex(method: str, path: str) -> VertexCall | None:
     found = _PATH.match(path)
-    if found is None or method != "POST":
+    if found is None:
         return None
     model, action = found.groups()
     if model == "count-tokens":

@@ -87,7 +87,6 @@ def test_the_surfaces_answer_their_routes_only() -> None:
     call = surfaces.match("POST", f"{vertex}/count-tokens:rawPredict")
     assert call is not None and call.count
     for method, path in [
-        ("GET", "/model/x/invoke"),
         ("POST", "/model/x/converse"),
         ("POST", "/model//invoke"),
         ("POST", f"{vertex}/count-tokens:streamRawPredict"),
