@@ -13,7 +13,8 @@ a stream is ``application/vnd.amazon.eventstream`` — each canonical event one 
 added to the ``message_stop`` chunk from the stream's own usage, and an ``error`` event sent as the exception
 frame Bedrock would send. Errors before the stream are Bedrock's shape: ``x-amzn-errortype`` and
 ``{"message": …}`` with Bedrock's statuses (``529`` is Bedrock's ``503 ServiceUnavailableException``), so
-``AnthropicBedrock`` raises the error classes it raises against Bedrock.
+``AnthropicBedrock`` raises the error classes it raises against Bedrock — but for the gateway's own key, which is
+refused ``401`` (Bedrock says 403 to a bad AWS credential, which Claude Code retries for minutes).
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ _EVENTSTREAM = b"application/vnd.amazon.eventstream"
 _ERRORS: dict[str, tuple[str, int | None]] = {
     "invalid_request_error": ("ValidationException", None),
     "request_too_large": ("ValidationException", 400),
-    "authentication_error": ("UnrecognizedClientException", 403),  # as Bedrock answers a bad key
+    # 401, not Bedrock's 403 for a bad credential: Claude Code's Bedrock mode takes a 403 for expired AWS
+    # credentials and retries for minutes, while a 401 with x-should-retry: false fails at once (tested)
+    "authentication_error": ("UnrecognizedClientException", None),
     "permission_error": ("AccessDeniedException", None),
     "not_found_error": ("ResourceNotFoundException", None),
     "rate_limit_error": ("ThrottlingException", None),

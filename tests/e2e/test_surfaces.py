@@ -170,7 +170,7 @@ def test_bedrock_model_ids_map_onto_aliases(
             "/model/fake-text/invoke",
             BEDROCK_BODY,
             {"authorization": "Bearer wrong"},
-            403,
+            401,  # the gateway's key: see surfaces/bedrock.py
             "UnrecognizedClientException",
         ),
         ("/model/fake-status-529/invoke", BEDROCK_BODY, AUTH, 503, "ServiceUnavailableException"),

@@ -110,7 +110,7 @@ def test_the_canonical_body_keeps_every_other_field_as_it_came() -> None:
     ("status", "error_type", "out_status", "name"),
     [
         (400, "invalid_request_error", 400, "ValidationException"),
-        (401, "authentication_error", 403, "UnrecognizedClientException"),
+        (401, "authentication_error", 401, "UnrecognizedClientException"),
         (403, "permission_error", 403, "AccessDeniedException"),
         (404, "not_found_error", 404, "ResourceNotFoundException"),
         (413, "request_too_large", 400, "ValidationException"),
