@@ -11,7 +11,7 @@ from litestar import Request, Response, get
 from litestar.exceptions import HTTPException
 
 import surfaces
-from gateway.edge import is_admin, may_use
+from gateway.edge import is_admin, key_headers, may_use
 from gateway.errors import (
     AuthenticationError,
     GatewayError,
@@ -106,17 +106,21 @@ async def get_model(request: Request[Any, Any, Any], model_id: str) -> Response[
 
 @get("/inference-profiles")
 async def inference_profiles(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Bedrock's ``ListInferenceProfiles`` over the aliases a key may use (Claude Code's Bedrock mode asks for
-    ``?type=SYSTEM_DEFINED`` at start-up; an ``APPLICATION`` list is empty)."""
+    """Bedrock's ``ListInferenceProfiles`` over the aliases a key may use (an ``APPLICATION`` list is empty).
+    Claude Code's Bedrock mode asks for ``?type=SYSTEM_DEFINED`` at start-up through the AWS SDK, which sends no
+    key when AWS auth is skipped: a request without any key gets an empty list (not a 401, and not the
+    aliases); a wrong key is a 401."""
     gw = _gateway(request)
     runtime = gw.runtime
     rid = new_request_id()
+    anonymous = not runtime.settings.auth.open and not key_headers(request.headers)
     try:
-        _, key = await gw.identity.authenticate(runtime, request.headers)
+        key = None if anonymous else (await gw.identity.authenticate(runtime, request.headers))[1]
     except GatewayError as exc:
         return error_response(exc, rid)
     kind = request.query_params.get("type", "SYSTEM_DEFINED")
-    routes = [r for r in runtime.routes.aliases() if may_use(key, r, r.alias)] if kind == "SYSTEM_DEFINED" else []
+    listed = kind == "SYSTEM_DEFINED" and not anonymous
+    routes = [r for r in runtime.routes.aliases() if may_use(key, r, r.alias)] if listed else []
     body = surfaces.inference_profiles([(r.alias, r.display_name) for r in routes], "us-east-1")
     return Response(_encode(body), media_type=_JSON, headers={"request-id": rid, "x-amzn-requestid": rid})
 

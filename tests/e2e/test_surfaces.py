@@ -206,7 +206,9 @@ def test_inference_profiles_list_the_aliases(gw: RunningGateway) -> None:
     assert httpx.get(f"{gw.url}/inference-profiles", params={"type": "APPLICATION"}, headers=AUTH).json() == {
         "inferenceProfileSummaries": []
     }
-    assert httpx.get(f"{gw.url}/inference-profiles").status_code == 401
+    anonymous = httpx.get(f"{gw.url}/inference-profiles", params={"type": "SYSTEM_DEFINED"})  # the AWS SDK's call
+    assert anonymous.status_code == 200 and anonymous.json() == {"inferenceProfileSummaries": []}
+    assert httpx.get(f"{gw.url}/inference-profiles", headers={"authorization": "Bearer wrong"}).status_code == 401
 
 
 VERTEX = "/v1/projects/p/locations/us-east5/publishers/anthropic/models"
