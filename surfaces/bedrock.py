@@ -263,6 +263,8 @@ class BedrockCall:
         if self.count:  # CountTokens wraps the request: {"input": {"invokeModel": {"body": "<JSON text>"}}}
             body = _count_body(body)
         drop = ("anthropic_version", "anthropic_beta")
+        if self.count:  # an InvokeModel body, counted: what the Messages count_tokens body does not take goes
+            drop += _NOT_COUNTED
         out, fields = canonical_body(body, model=model, stream=None if self.count else self.stream, drop=drop)
         betas = fields.get("anthropic_beta")
         if betas is not None:
@@ -278,6 +280,10 @@ class BedrockCall:
 
     def wrap(self, send: Send, context: Wire) -> Send:
         return _BedrockSend(send, self.stream, self.count, context)
+
+
+# InvokeModel's answer-shaping fields, which Messages count_tokens refuses ("Extra inputs are not permitted")
+_NOT_COUNTED = ("max_tokens", "stream", "temperature", "top_p", "top_k", "stop_sequences", "metadata", "service_tier")
 
 
 class _CountInput(msgspec.Struct):

@@ -480,15 +480,18 @@ def test_overloaded_json_answer_same_error(
 
 @pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
 def test_wrong_key_same_error_anthropic_bedrock(stream: bool, gw: RunningGateway, bedrock: FakeBedrock) -> None:
-    """The issue: a wrong client key raises what a wrong key raises against Bedrock — ``PermissionDeniedError``
-    (403 ``UnrecognizedClientException``). (Commit 5102b8a answers 401 instead, because Claude Code's Bedrock
-    mode retries a 403 as expired AWS credentials; which one the surface should send is for the issue to say.)"""
+    """A wrong client key is Bedrock's ``UnrecognizedClientException`` in Bedrock's shape — with the status 401,
+    where Bedrock answers a bad AWS credential 403: the gateway's key is no AWS credential, and the real CLI's
+    Bedrock mode retries a 403 for minutes (it takes it for expired credentials) while it fails at once on a
+    401 with ``x-should-retry: false`` (tests/e2e/test_claude_code.py). So the SDK raises ``AuthenticationError``
+    here where it raises ``PermissionDeniedError`` against Bedrock: the one deliberate difference."""
     want = raised(bedrock_direct(bedrock, key="not-a-key"), bedrock_id("fake-text"), stream=stream, **BEDROCK_BODY)
     got = raised(bedrock_via(gw, key="not-a-key"), bedrock_id("claude-fake-text"), stream=stream, **BEDROCK_BODY)
     assert isinstance(want, anthropic.PermissionDeniedError) and want.status_code == 403
     assert isinstance(got, anthropic.APIStatusError) and set(got.body) == set(want.body) == {"message"}  # type: ignore[arg-type]
     assert amzn_error_type(got) == amzn_error_type(want) == "UnrecognizedClientException"
-    assert (type(got), got.status_code) == (type(want), want.status_code)
+    assert isinstance(got, anthropic.AuthenticationError) and got.status_code == 401
+    assert got.response.headers["x-should-retry"] == "false"
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
