@@ -11,7 +11,7 @@ import msgspec
 
 from gateway.errors import InvalidRequest, NotFound
 
-__all__ = ["Call", "Routes", "Wire", "canonical_body", "cloud_model_names", "resolve_cloud_model"]
+__all__ = ["Call", "PathCall", "Routes", "Wire", "canonical_body", "cloud_model_names", "resolve_cloud_model"]
 
 Send = Callable[[dict[str, Any]], Any]
 
@@ -55,6 +55,17 @@ class Call(Protocol):
         """``send`` for the answer in this surface's shape (``context``: the request's, for the provider's own
         bytes of a chunk)."""
         ...
+
+
+class PathCall:
+    """What a surface call's path says: the model id as the client named it, whether it streams or counts."""
+
+    kind = ""
+
+    def __init__(self, model_id: str, *, stream: bool, count: bool) -> None:
+        self.model_id = model_id
+        self.stream = stream
+        self.count = count
 
 
 def cloud_model_names(model_id: str) -> list[str]:

@@ -33,7 +33,7 @@ from gateway.errors import InvalidRequest
 from gateway.events import Usage, UsageView, decode_view
 from gateway.fold import fold_usage
 from gateway.sse import split_block
-from surfaces.base import Routes, Send, Wire, canonical_body, resolve_cloud_model
+from surfaces.base import PathCall, Routes, Send, Wire, canonical_body, resolve_cloud_model
 
 __all__ = ["BEDROCK_PREFIX", "BedrockCall", "bedrock_error", "inference_profiles", "match_bedrock"]
 
@@ -250,19 +250,14 @@ def _json_headers(body: bytes, headers: list[tuple[bytes, bytes]], elapsed: floa
     return out
 
 
-class BedrockCall:
+class BedrockCall(PathCall):
     kind = "bedrock"
-
-    def __init__(self, model_id: str, *, stream: bool, count: bool) -> None:
-        self.model_id = model_id
-        self.stream = stream
-        self.count = count
 
     def canonical(self, body: bytes, headers: MutableMapping[str, str], routes: Routes) -> bytes:
         model = resolve_cloud_model("bedrock", self.model_id, routes)
         if self.count:  # CountTokens wraps the request: {"input": {"invokeModel": {"body": "<JSON text>"}}}
             body = _count_body(body)
-        drop = ("anthropic_version", "anthropic_beta")
+        drop: tuple[str, ...] = ("anthropic_version", "anthropic_beta")
         if self.count:  # an InvokeModel body, counted: what the Messages count_tokens body does not take goes
             drop += _NOT_COUNTED
         out, fields = canonical_body(body, model=model, stream=None if self.count else self.stream, drop=drop)

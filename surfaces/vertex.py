@@ -19,7 +19,7 @@ from collections.abc import MutableMapping
 import msgspec
 
 from gateway.errors import InvalidRequest
-from surfaces.base import Routes, Send, Wire, canonical_body, resolve_cloud_model
+from surfaces.base import PathCall, Routes, Send, Wire, canonical_body, resolve_cloud_model
 
 __all__ = ["VERTEX_PREFIX", "VertexCall", "match_vertex"]
 
@@ -46,13 +46,8 @@ def match_vertex(method: str, path: str) -> VertexCall | None:
     return VertexCall(model, stream=action == "streamRawPredict", count=False)
 
 
-class VertexCall:
+class VertexCall(PathCall):
     kind = "vertex"
-
-    def __init__(self, model_id: str, *, stream: bool, count: bool) -> None:
-        self.model_id = model_id
-        self.stream = stream
-        self.count = count
 
     def canonical(self, body: bytes, headers: MutableMapping[str, str], routes: Routes) -> bytes:
         model_id = self.model_id
