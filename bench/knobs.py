@@ -9,7 +9,8 @@ A request's ``model`` is ``bench-d<N>[-p<ms>][-f<ms>][-c][-i<tokens>][-k<tokens>
 - ``i<tokens>`` / ``k<tokens>``: ``input_tokens`` / ``cache_read_input_tokens`` (defaults 25 / 1000).
 
 Usage: ``message_start`` carries the input side, ``message_delta`` ``output_tokens = N``.
-Unknown model names fall back to ``bench-d200``.
+Unknown model names fall back to ``bench-d200``. A Bedrock model id names the same knobs: a geography prefix
+and ``anthropic.`` are left out (``us.anthropic.bench-d200-p1`` is ``bench-d200-p1``; :func:`cloud_base`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["Knobs", "Spec", "parse_knobs", "spec_for"]
+__all__ = ["Knobs", "Spec", "cloud_base", "parse_knobs", "spec_for"]
 
 _KNOB = re.compile(r"(?:^|-)([dpfcik])([0-9]*(?:\.[0-9]+)?)")
+_CLOUD_PREFIX = re.compile(r"^(?:[a-z-]+\.)?anthropic\.")
 DEFAULT_INPUT = 25
 DEFAULT_CACHE_READ = 1000
 
@@ -36,8 +38,15 @@ class Knobs:
     cache_read: int = DEFAULT_CACHE_READ
 
 
+def cloud_base(model: str) -> str:
+    """A Bedrock model id without its geography prefix and ``anthropic.``: ``us.anthropic.bench-d200`` is
+    ``bench-d200`` (what the gateway's default rule maps it to); any other name as it is."""
+    return _CLOUD_PREFIX.sub("", model)
+
+
 def parse_knobs(model: str) -> Knobs:
     name = model.split("/", 1)[-1]  # "anthropic/bench-d200" (LiteLLM) names the same knobs
+    name = cloud_base(name)  # so does "us.anthropic.bench-d200" (a Bedrock-shaped client's model id)
     name = name.removeprefix("bedrock-")  # so does "bedrock-bench-d200" (a Bedrock model id holds no "/")
     if not name.startswith("bench"):
         return Knobs()

@@ -9,17 +9,26 @@ cache read from ``message_start``, output from ``message_delta``) and every ``ci
 exactly one expected citation. For JSON, the same on the Message. Any mismatch is an error, kept with a
 sample.
 
+``Load.shape = "bedrock"`` speaks Bedrock instead: ``POST /model/{modelId}/invoke-with-response-stream`` with
+a Bedrock body (``anthropic_version``, no ``model`` / ``stream``) and ``Authorization: Bearer``. The answer
+must be ``application/vnd.amazon.eventstream``: every frame is decoded (``adapters._eventstream``, both CRCs,
+nothing left over), each must be a ``chunk`` event whose payload is ``{"bytes": base64}``, and the events inside
+get the same check as SSE events; ``message_stop`` must carry ``amazon-bedrock-invocationMetrics`` with the
+expected input and output token counts. An exception frame, a truncated or damaged frame is an error.
+
 Per request: time to first byte (first body bytes), time to first token (first body read holding a
 ``content_block_delta``) and total time. A phase is: warm-up, then a measured window (a duration or a
 request count), then a drain in which the requests already started finish.
 
-Standalone: ``python -m bench.loadgen --url http://127.0.0.1:8080 --model bench-d200 -c 10 -d 5``.
+Standalone: ``python -m bench.loadgen --url http://127.0.0.1:8080 --model bench-d200 -c 10 -d 5`` (``--shape bedrock
+--model us.anthropic.bench-d200`` for Bedrock-shaped clients).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import math
 import re
@@ -29,13 +38,25 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
+from urllib.parse import quote
 
 import httptools
 import msgspec
 
-from bench.knobs import Spec, spec_for
+from adapters._eventstream import CHUNK_HEADERS, EventStreamDecoder, EventStreamError, encode_message, parse_headers
+from bench.knobs import Spec, cloud_base, spec_for
 
-__all__ = ["Expectation", "Load", "PhaseResult", "Target", "check_json", "check_stream", "percentile", "run_phase"]
+__all__ = [
+    "Expectation",
+    "Load",
+    "PhaseResult",
+    "Target",
+    "check_eventstream",
+    "check_json",
+    "check_stream",
+    "percentile",
+    "run_phase",
+]
 
 # --- checks -----------------------------------------------------------------------------------------------
 
@@ -70,6 +91,22 @@ class _Event(msgspec.Struct):
     usage: _Usage | None = None
 
 
+class _Chunk(msgspec.Struct):
+    """An event-stream ``chunk`` payload: the event as base64 (msgspec decodes it); other members (Bedrock's
+    padding ``p``) are ignored."""
+
+    data: bytes = msgspec.field(name="bytes")
+
+
+class _Metrics(msgspec.Struct):
+    inputTokenCount: int | None = None
+    outputTokenCount: int | None = None
+
+
+class _Stop(msgspec.Struct):
+    metrics: _Metrics | None = msgspec.field(default=None, name="amazon-bedrock-invocationMetrics")
+
+
 class _Block(msgspec.Struct):
     type: str
     text: str | None = None
@@ -85,6 +122,9 @@ class _FullMessage(msgspec.Struct):
 
 _decode_events = msgspec.json.Decoder(list[_Event]).decode
 _decode_message = msgspec.json.Decoder(_FullMessage).decode
+_decode_chunks = msgspec.json.Decoder(list[_Chunk]).decode
+_decode_stop = msgspec.json.Decoder(_Stop).decode
+_CHUNK_HEADER_BLOCK = encode_message(CHUNK_HEADERS, b"")[12:-4]  # every chunk frame's header block, as sent
 # The well-formed shape every server here writes: optional comments, optional `event:`, one `data:` line.
 # Possessive quantifiers and one way to match each line: no backtracking, linear even on a body that fails.
 _WELL_FORMED = re.compile(rb"(?:(?::[^\n]*+\n)*+(?:event:[^\n]*+\n)?+data:[^\n]*+\n\n)*+(?::[^\n]*+\n)*+\n*+")
@@ -136,11 +176,16 @@ def check_stream(body: bytes, spec: Spec) -> str | None:
     for (name, _), event in zip(frames, events, strict=True):
         if name and name != event.type.encode():
             return f"event name {name.decode(errors='replace')!r} but data type {event.type!r}"
+    return _check_events(events, [data for _, data in frames], spec)
+
+
+def _check_events(events: list[_Event], datas: list[bytes], spec: Spec) -> str | None:
+    """The checks of a stream's decoded events (``datas``: their JSON), whatever carried them."""
     seen = [e for e in events if e.type != "ping"]
     types = tuple(e.type for e in seen)
     if types != spec.types:
         if "error" in types:
-            err = next(d for (_, d), e in zip(frames, events, strict=True) if e.type == "error")
+            err = next(d for d, e in zip(datas, events, strict=True) if e.type == "error")
             return f"error event after {types.index('error')} events: {_short(err)}"
         first = next((i for i, (a, b) in enumerate(zip(types, spec.types, strict=False)) if a != b), None)
         if first is None:
@@ -172,6 +217,62 @@ def check_stream(body: bytes, spec: Spec) -> str | None:
     if end is None or end.output_tokens != spec.output_tokens:
         return f"message_delta output_tokens {end and end.output_tokens}, expected {spec.output_tokens}"
     return None
+
+
+def check_eventstream(body: bytes, spec: Spec) -> str | None:
+    """None when ``body`` is exactly the stream ``spec`` describes as Bedrock InvokeModelWithResponseStream
+    sends it (event-stream ``chunk`` frames, each ``{"bytes": base64 of one event}``), else what is wrong."""
+    decoder = EventStreamDecoder()
+    try:
+        payloads, others = decoder.feed_payloads(body, _CHUNK_HEADER_BLOCK)
+    except EventStreamError as exc:
+        return f"event-stream: {exc} (after {len(exc.decoded)} intact frames)"
+    if decoder.pending:
+        left = len(body) - len(decoder.last_messages())
+        return f"event-stream truncated: {left} bytes of a frame left over after {len(payloads) + len(others)} frames"
+    for raw, payload in others:  # frames whose header block is not the usual one, in order
+        headers = parse_headers(raw)
+        if headers.get(":message-type") == "exception":
+            return f"exception frame {headers.get(':exception-type')!r} after {len(payloads)} chunks: {_short(payload)}"
+        if headers.get(":message-type") != "event" or headers.get(":event-type") != "chunk":
+            return f"unexpected event-stream frame {headers!r} after {len(payloads)} chunks"
+        payloads.append(payload)
+    if not payloads:
+        return f"no event-stream frames in body: {_short(body)}"
+    try:
+        datas = [c.data for c in _decode_chunks(b"[" + b",".join(payloads) + b"]")]
+    except msgspec.DecodeError as exc:
+        bad = next((p for p in payloads if not _decodes_as(p, _Chunk)), b"")
+        return f'chunk payload is not {{"bytes": base64}} ({exc}): {_short(bad)}'
+    try:
+        events = _decode_events(b"[" + b",".join(datas) + b"]")
+    except msgspec.ValidationError as exc:
+        where = re.search(r"\$\[(\d+)\]", str(exc))
+        data = datas[int(where.group(1))] if where and int(where.group(1)) < len(datas) else b""
+        return f"unexpected event shape ({exc}): {_short(data)}"
+    except msgspec.DecodeError as exc:
+        bad = next((d for d in datas if not _decodes(d)), b"")
+        return f"undecodable event ({exc}): {_short(bad)}"
+    problem = _check_events(events, datas, spec)
+    if problem is not None:
+        return problem
+    metrics = _decode_stop(datas[-1]).metrics
+    if metrics is None:
+        return "message_stop without amazon-bedrock-invocationMetrics"
+    if (metrics.inputTokenCount, metrics.outputTokenCount) != (spec.knobs.input_tokens, spec.output_tokens):
+        return (
+            f"invocation metrics input/output {metrics.inputTokenCount}/{metrics.outputTokenCount}, expected "
+            f"{spec.knobs.input_tokens}/{spec.output_tokens}"
+        )
+    return None
+
+
+def _decodes_as(data: bytes, kind: type) -> bool:
+    try:
+        msgspec.json.decode(data, type=kind)
+    except msgspec.DecodeError:
+        return False
+    return True
 
 
 def _decodes(data: bytes) -> bool:
@@ -210,25 +311,36 @@ class Expectation:
     """How to check one model's answers. The exact bytes the fake upstream sends are the strictest check
     and cost one compare, so an identical body passes at once (those bytes were checked once with the
     full check below); anything else (a gateway that re-encodes, re-chunks or adds pings) gets the full
-    semantic check, which names the first thing wrong."""
+    semantic check, which names the first thing wrong.
 
-    __slots__ = ("canonical", "spec", "stream")
+    ``shape`` "bedrock": event-stream answers. The fake's Bedrock route answers a model id with its own name in
+    ``message_start``; through the gateway it is asked for the alias the id maps to (``us.anthropic.`` left
+    out), so the bytes of both are the fast path."""
 
-    def __init__(self, model: str, stream: bool) -> None:
+    __slots__ = ("canonical", "others", "shape", "spec", "stream")
+
+    def __init__(self, model: str, stream: bool, shape: str = "messages") -> None:
         from bench.upstream import canonical_body
 
         self.spec = spec_for(model)
         self.stream = stream
-        self.canonical = canonical_body(model, stream)
-        problem = self.full_check(self.canonical)
-        if problem is not None:
-            raise AssertionError(f"the fake upstream's own {model} answer fails the check: {problem}")
+        self.shape = shape
+        self.canonical = canonical_body(model, stream, shape)
+        self.others: tuple[bytes, ...] = ()
+        if shape == "bedrock" and cloud_base(model) != model:
+            self.others = (canonical_body(cloud_base(model), stream, shape),)
+        for body in (self.canonical, *self.others):
+            problem = self.full_check(body)
+            if problem is not None:
+                raise AssertionError(f"the fake upstream's own {model} answer fails the check: {problem}")
 
     def full_check(self, body: bytes) -> str | None:
-        return check_stream(body, self.spec) if self.stream else check_json(body, self.spec)
+        if not self.stream:
+            return check_json(body, self.spec)
+        return check_eventstream(body, self.spec) if self.shape == "bedrock" else check_stream(body, self.spec)
 
     def check(self, body: bytes) -> str | None:
-        return None if body == self.canonical else self.full_check(body)
+        return None if body == self.canonical or body in self.others else self.full_check(body)
 
 
 # --- the client ---------------------------------------------------------------------------------------------
@@ -245,6 +357,13 @@ class _Counter:
 
 
 class _Conn(asyncio.Protocol):
+    # what a read holding the first token contains (and how much of a read's start / end to look at for it
+    # across two reads), and what each event of a read contains once
+    _MARK = b"content_block_delta"
+    _HEAD = 32
+    _TAIL = 24
+    _EVENT = b"data:"
+
     __slots__ = (
         "chunks",
         "closed",
@@ -301,12 +420,12 @@ class _Conn(asyncio.Protocol):
             self.t_first_byte = self.now
         self.chunks.append(body)
         if not self.t_first_token:
-            if b"content_block_delta" in self.tail + body[:32] or b"content_block_delta" in body:
+            if self._MARK in self.tail + body[: self._HEAD] or self._MARK in body:
                 self.t_first_token = self.now
             else:
-                self.tail = body[-24:]
+                self.tail = body[-self._TAIL :]
         if self.counter.active:
-            self.counter.events += body.count(b"data:")
+            self.counter.events += body.count(self._EVENT)
 
     def on_message_complete(self) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -325,6 +444,43 @@ class _Conn(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+    def head_problem(self) -> str | None:
+        """What is wrong with a 200 answer's head (nothing, for Messages answers)."""
+        return None
+
+
+_EVENTSTREAM = b"application/vnd.amazon.eventstream"
+
+
+class _EventStreamConn(_Conn):
+    """A connection reading Bedrock answers: a delta's chunk frame holds the base64 of its event, whose first
+    bytes are always ``{"type":"content_block_delta"`` (36 base64 digits of them are fixed); one
+    ``:message-type`` header per frame; the content type must be event-stream."""
+
+    _MARK = base64.b64encode(b'{"type":"content_block_delta"')[:36]
+    _HEAD = 48
+    _TAIL = 40
+    _EVENT = b":message-type"
+
+    __slots__ = ("content_type",)
+
+    def __init__(self, counter: _Counter) -> None:
+        super().__init__(counter)
+        self.content_type = b""
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"content-type":
+            self.content_type = value
+
+    def send(self, request: bytes, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        self.content_type = b""
+        return super().send(request, loop)
+
+    def head_problem(self) -> str | None:
+        if self.content_type.split(b";")[0].strip().lower() != _EVENTSTREAM:
+            return f"content-type {self.content_type.decode(errors='replace')!r}, expected {_EVENTSTREAM.decode()}"
+        return None
 
 
 # --- phases -----------------------------------------------------------------------------------------------
@@ -352,6 +508,7 @@ class Load:
     ramp_s: float = 0.0  # spread the workers' first connects over this long
     drain_s: float = 30.0  # after the window, how long started requests may take to finish
     abort_after_errors: int = 500  # stop early once this many failed and failures outnumber successes 10:1
+    shape: str = "messages"  # or "bedrock": InvokeModel(WithResponseStream), answered as event-stream
 
 
 class _PhaseState:
@@ -425,7 +582,9 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 3)
 
 
-def build_request(target: Target, model: str, stream: bool) -> bytes:
+def build_request(target: Target, model: str, stream: bool, shape: str = "messages") -> bytes:
+    if shape == "bedrock":
+        return _bedrock_request(target, model, stream)
     body = json.dumps(
         {
             "model": target.model_prefix + model,
@@ -442,6 +601,30 @@ def build_request(target: Target, model: str, stream: bool) -> bytes:
         "accept: " + ("text/event-stream" if stream else "application/json"),
         "anthropic-version: 2023-06-01",
         *(f"{k}: {v}" for k, v in target.headers),
+        f"content-length: {len(body)}",
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def _bedrock_request(target: Target, model: str, stream: bool) -> bytes:
+    """InvokeModel(WithResponseStream) as a Bedrock API-key client sends it (``Authorization: Bearer``: the
+    target's ``x-api-key``)."""
+    body = json.dumps(
+        {
+            "anthropic_version": "bedrock-2023-05-31",
+            "max_tokens": 1024,
+            "messages": [{"role": "user", "content": "Say the benchmark tokens."}],
+        },
+        separators=(",", ":"),
+    ).encode()
+    operation = "invoke-with-response-stream" if stream else "invoke"
+    head = [
+        f"POST /model/{quote(model, safe=':')}/{operation} HTTP/1.1",
+        f"host: {target.host}:{target.port}",
+        "content-type: application/json",
+        "accept: " + ("application/vnd.amazon.eventstream" if stream else "application/json"),
+        *(["x-amzn-bedrock-accept: application/json"] if stream else []),
+        *(f"authorization: Bearer {v}" if k == "x-api-key" else f"{k}: {v}" for k, v in target.headers),
         f"content-length: {len(body)}",
     ]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
@@ -464,8 +647,9 @@ async def run_phase(
 ) -> PhaseResult:
     """Warm up, open the window (calling ``on_window_start``), close it (``on_window_end``), drain."""
     loop = asyncio.get_running_loop()
-    check = Expectation(load.model, load.stream).check
-    request = build_request(target, load.model, load.stream)
+    check = Expectation(load.model, load.stream, load.shape).check
+    request = build_request(target, load.model, load.stream, load.shape)
+    conn_class = _EventStreamConn if load.shape == "bedrock" and load.stream else _Conn
     result = PhaseResult(target=target.name, model=load.model, concurrency=load.concurrency)
     counter = _Counter()
     state = _PhaseState()
@@ -491,7 +675,7 @@ async def run_phase(
                 window_done.set_result(None)
 
     async def connect() -> _Conn:
-        _, conn = await loop.create_connection(lambda: _Conn(counter), target.host, target.port)
+        _, conn = await loop.create_connection(lambda: conn_class(counter), target.host, target.port)
         sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -537,7 +721,9 @@ async def run_phase(
                 continue
             t1 = time.perf_counter()
             body = b"".join(conn.chunks)
-            problem = f"HTTP {conn.status}: {_short(body)}" if conn.status != 200 else check(body)
+            problem = (
+                f"HTTP {conn.status}: {_short(body)}" if conn.status != 200 else conn.head_problem() or check(body)
+            )
             if problem is not None:
                 fail(problem)
             else:
@@ -619,6 +805,7 @@ def main() -> None:
     parser.add_argument("-n", "--requests", type=int, help="a request count instead of a duration")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--key", default="bench")
+    parser.add_argument("--shape", choices=("messages", "bedrock"), default="messages", help="how the clients speak")
     args = parser.parse_args()
     match = re.fullmatch(r"http://([^:/]+):(\d+)/?", args.url)
     if not match:
@@ -632,6 +819,7 @@ def main() -> None:
         requests=args.requests,
         warmup_s=args.warmup,
         warmup_requests=args.concurrency if args.requests else 0,
+        shape=args.shape,
     )
     import uvloop
 

@@ -59,6 +59,8 @@ class Scenario:
     per: str = "stream"  # the unit of the gateway's CPU figure: stream | request | event
     litellm: bool = False  # also run against LiteLLM with --litellm
     fresh: bool = False  # restart the gateway first, so its memory figures are this scenario's alone
+    shape: str = "messages"  # how the clients speak: messages | bedrock (InvokeModelWithResponseStream)
+    compare: tuple[str, ...] = ()  # scenarios whose gateway CPU per stream in the same run this one's is put against
 
 
 def _burst(c: int) -> Scenario:
@@ -88,6 +90,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         "bedrock-paced1-c50", "paced", "bedrock-bench-d200-p1", 50,
         "Bedrock 200-delta streams, 1 ms between event-stream frames", per="event",
         warmup_s=(1.5, 1.0), duration_s=(8.0, 3.0),
+    ),
+    Scenario(
+        "bedrock-in-burst-c10", "burst", "us.anthropic.bench-d200", 10,
+        "10 concurrent Bedrock-shaped streams in (InvokeModelWithResponseStream), the burst-c10 target: SSE "
+        "re-encoded to event-stream; direct = the same requests to the fake's Bedrock route",
+        shape="bedrock", compare=("burst-c10",),
+    ),
+    Scenario(
+        "bedrock-in-pass-c10", "burst", "us.anthropic.bedrock-bench-d200", 10,
+        "10 concurrent Bedrock-shaped streams in, the bedrock-burst-c10 target: its event-stream frames passed "
+        "through byte for byte; direct = the same requests to the fake's Bedrock route",
+        shape="bedrock", compare=("burst-c10", "bedrock-burst-c10"),
     ),
     Scenario(
         "json-c10", "json", "bench-d200", 10, "non-streamed requests (the same 200-token answer as JSON)",
@@ -269,10 +283,40 @@ def gateway_config(port: int, upstream_port: int, store: str = "off", limits: st
     )
 
 
-def gateway_argv(config: Path, port: int, workers: int) -> list[str]:
+def gateway_argv(config: Path, port: int, workers: int, profile: Path | None = None) -> list[str]:
+    """``profile``: run the gateway under cProfile, its stats written there when it stops (one worker)."""
     exe = Path(sys.executable).parent / "messages-gateway"
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "gateway.cli"]
+    if profile is not None:
+        base = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "gateway.cli"]
     return [*base, "serve", "--config", str(config), "--port", str(port), "--workers", str(workers)]
+
+
+def profile_summary(path: Path, top: int = 25) -> dict[str, Any]:
+    """The functions of a cProfile stats file that cost most: by own time (``tottime``) and, among the
+    project's own (gateway/, adapters/, surfaces/), by time including callees (``cumtime``)."""
+    import pstats
+
+    stats = pstats.Stats(str(path))
+    total = float(stats.total_tt) or 1e-9  # type: ignore[attr-defined]
+    rows = []
+    for (file, line, func), (_, ncalls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+        name = file
+        for root in (str(ROOT) + "/", "/site-packages/", os.path.dirname(os.__file__) + "/"):
+            if root in name:
+                name = name.split(root, 1)[1]
+                break
+        where = f"{name}:{line}({func})" if line else func
+        rows.append({"function": where, "ncalls": ncalls, "tottime_s": tottime, "cumtime_s": cumtime, "file": file})
+    own = ("/gateway/", "/adapters/", "/surfaces/")
+    by_cum = sorted((r for r in rows if any(p in r["file"] for p in own)), key=lambda r: -r["cumtime_s"])
+    clean = [{k: v for k, v in r.items() if k != "file"} for r in rows]
+    return {
+        "file": str(path),
+        "total_s": round(total, 3),
+        "by_tottime": sorted(clean, key=lambda r: -r["tottime_s"])[:top],
+        "by_cumtime_own": [{k: v for k, v in r.items() if k != "file"} for r in by_cum[:top]],
+    }
 
 
 # --- measuring ----------------------------------------------------------------------------------------------
@@ -437,6 +481,7 @@ def _load(s: Scenario, opts: Options, **over: Any) -> Load:
         "duration_s": s.duration_s[i],
         "warmup_s": s.warmup_s[i],
         "ramp_s": s.ramp_s[i],
+        "shape": s.shape,
     }
     kw.update(over)
     return Load(**kw)
@@ -606,6 +651,23 @@ def _headline(entry: dict[str, Any], name: str) -> tuple[str, Any, Any, str, str
     return metric, dv, gv, ratio, cpu, added
 
 
+def cpu_versus(entry: dict[str, Any], results: list[dict[str, Any]], scenario: Scenario) -> dict[str, Any]:
+    """The gateway's CPU per stream of ``entry`` against that of each of ``scenario.compare`` in the same run:
+    ``{name: {"cpu_ms": this, "other_cpu_ms": that, "ratio": this / that}}``, for those that ran (and measured)."""
+    mine = entry["phases"].get("gateway", {}).get("cpu_ms_per_request")
+    out: dict[str, Any] = {}
+    for other in scenario.compare:
+        done = next((r for r in results if r["scenario"] == other), None)
+        theirs = done["phases"].get("gateway", {}).get("cpu_ms_per_request") if done else None
+        if mine and theirs:
+            out[other] = {"cpu_ms": mine, "other_cpu_ms": theirs, "ratio": round(mine / theirs, 3)}
+    return out
+
+
+def _versus(entry: dict[str, Any]) -> str:
+    return ", ".join(f"CPU per stream vs {name} {v['ratio']:.2f}x" for name, v in entry.get("cpu_vs", {}).items())
+
+
 def _summary_table(results: list[dict[str, Any]], name: str) -> list[str]:
     label = "gateway" if name == "gateway" else name
     lines = [
@@ -715,6 +777,19 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"(median over {g.get('rss_baseline_window_s')} s), end {_fmt(g.get('rss_end_mb'), ' MB')}, "
                 f"growth {_fmt(g.get('rss_growth_pct'), ' %', 2)}; peak {_fmt(g.get('rss_peak_mb'), ' MB')}."
             )
+        if BY_NAME.get(entry["scenario"]) and BY_NAME[entry["scenario"]].compare:
+            compared = entry.get("cpu_vs", {})
+            parts = [
+                f"CPU per stream vs {other} (same run): "
+                + (
+                    f"{_fmt(compared[other]['cpu_ms'], ' ms', 3)} / {_fmt(compared[other]['other_cpu_ms'], ' ms', 3)}"
+                    f" = **{compared[other]['ratio']:.2f}x**"
+                    if other in compared
+                    else f"— ({other} not measured in this run)"
+                )
+                for other in BY_NAME[entry["scenario"]].compare
+            ]
+            out.append(f"- **{entry['scenario']}**: " + "; ".join(parts) + ".")
         if entry["kind"] == "mem":
             out.append(
                 f"- **{entry['scenario']}** (fresh gateway): RSS before {_fmt(g.get('rss_before_mb'), ' MB')}, peak "
@@ -746,6 +821,19 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += ["## Errors", ""]
         out += [f"- {sc} / {name}: " + "; ".join(f"`{e}`" for e in samples) for sc, name, samples in errors]
         out += [f"- {c['target']} was found dead before {c['before']} and restarted" for c in report.get("crashes", [])]
+        out.append("")
+    for prof in report.get("profiles", []):
+        out += ["## Gateway profile (cProfile)", ""]
+        out.append(
+            f"`{prof['file']}`: {prof['total_s']} s of profiled time over the gateway's whole life (start-up, idle "
+            "direct phases and every scenario of the run; cProfile's per-call overhead inflates small Python calls)."
+        )
+        for key, title in (("by_tottime", "own time"), ("by_cumtime_own", "time with callees, the project's own")):
+            out += ["", f"By {title}:", "", "| function | calls | tottime s | cumtime s |", "|---|--:|--:|--:|"]
+            out += [
+                f"| `{r['function']}` | {r['ncalls']:,} | {r['tottime_s']:.3f} | {r['cumtime_s']:.3f} |"
+                for r in prof[key]
+            ]
         out.append("")
     if report.get("gateway_metrics"):
         out += ["## The gateway's own counters", ""]
@@ -807,6 +895,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--limits",
         default="off",
         help="rate limits the requests never reach, to measure their cost: off (default), memory, or a redis:// URL",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run the gateway under cProfile (one worker; figures inflated by it): stats in the logs directory, "
+        "the top functions in the report (select one scenario to profile it alone)",
     )
     parser.add_argument(
         "--store",
@@ -883,9 +977,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if store == "sqlite":
         store = f"sqlite:///{work}/ledger.db"
     config.write_text(gateway_config(gw_port, up_port, store, args.limits))
+    if args.profile and args.workers != 1:
+        raise SystemExit("--profile profiles one gateway process: use it with --workers 1")
+    profile = work / "gateway.prof" if args.profile else None
+    profiles: list[Path] = []
     gateway = Proc(
         "gateway",
-        gateway_argv(config, gw_port, args.workers),
+        gateway_argv(config, gw_port, args.workers, profile),
         work / "gateway.log",
         cpu=gw_cpu,
         env=child_env({"MESSAGES_GATEWAY_UPSTREAM_CLIENT": client}),
@@ -894,6 +992,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     procs = [upstream, gateway]
 
     async def start_gateway() -> None:
+        if profile is not None and profile.exists():  # the stats of the process that stopped: kept aside
+            profiles.append(profile.rename(work / f"gateway-{len(profiles) + 1}.prof"))
         gateway.start()
         await wait_ready(gateway, gw_port, "/healthz", 60.0)
 
@@ -936,15 +1036,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await start_gateway()
                 await asyncio.sleep(0.5)
             entry = await run_scenario(system, s, opts)
+            if s.compare:
+                entry["cpu_vs"] = cpu_versus(entry, report["results"], s)
             report["results"].append(entry)
             for name in entry["phases"]:
                 if name == "direct":
                     continue
                 metric, dv, gv, ratio, cpu, added = _headline(entry, name)
                 errs = "/".join(str(entry["phases"][n]["errors"]) for n in entry["phases"])
+                versus = _versus(entry) if name == "gateway" else ""
                 print(
                     f"[bench]   {name}: {metric} direct {_fmt(dv)} vs {_fmt(gv)} (ratio {ratio}), CPU {cpu}, "
-                    f"added TTFT {added}, errors {errs}  [{time.perf_counter() - t0:.0f} s]",
+                    f"{versus + ', ' if versus else ''}added TTFT {added}, errors {errs}  "
+                    f"[{time.perf_counter() - t0:.0f} s]",
                     flush=True,
                 )
         counters.append({"until": "end", "lines": await gateway_counters(gw_port)})
@@ -958,6 +1062,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for proc in reversed(procs):
             proc.stop()
+    if profile is not None:
+        if profile.exists():
+            profiles.append(profile.rename(work / f"gateway-{len(profiles) + 1}.prof"))
+        report["profiles"] = [profile_summary(p) for p in profiles]
     return report
 
 

@@ -81,24 +81,8 @@ def bedrock_answer_for(model: str) -> Answer:
     """The knob's stream as InvokeModelWithResponseStream sends it."""
     answer = _BEDROCK_ANSWERS.get(model)
     if answer is None:
-        from adapters._eventstream import encode_message
-
         sse = answer_for(model)
-        spec = spec_for(model)
-        headers = {":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"}
-        frames = []
-        for i, event in enumerate(spec.events):
-            if event["type"] == "message_stop":
-                metrics = {
-                    "inputTokenCount": spec.knobs.input_tokens,
-                    "outputTokenCount": spec.knobs.deltas,
-                    "invocationLatency": 900,
-                    "firstByteLatency": 90,
-                }
-                event = {**event, "amazon-bedrock-invocationMetrics": metrics}
-            padding = "abcdefghijklmnopqrstuvwxyz"[: 3 + i % 20]
-            payload = {"bytes": base64.b64encode(_json(event)).decode(), "p": padding}
-            frames.append(encode_message(headers, _json(payload)))  # type: ignore[arg-type]
+        frames = _bedrock_frames(model)
         head = _head(200, "application/vnd.amazon.eventstream", "transfer-encoding: chunked\r\n")
         paced = [head + _chunk(frames[0])] + [_chunk(f) for f in frames[1:]]
         paced[-1] += b"0\r\n\r\n"
@@ -114,6 +98,28 @@ def bedrock_answer_for(model: str) -> Answer:
         if len(_BEDROCK_ANSWERS) < 1024:
             _BEDROCK_ANSWERS[model] = answer
     return answer
+
+
+def _bedrock_frames(model: str) -> list[bytes]:
+    """The knob's events as Bedrock's ``chunk`` frames (base64 event + padding; metrics on ``message_stop``)."""
+    from adapters._eventstream import encode_message
+
+    spec = spec_for(model)
+    headers = {":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"}
+    frames = []
+    for i, event in enumerate(spec.events):
+        if event["type"] == "message_stop":
+            metrics = {
+                "inputTokenCount": spec.knobs.input_tokens,
+                "outputTokenCount": spec.knobs.deltas,
+                "invocationLatency": 900,
+                "firstByteLatency": 90,
+            }
+            event = {**event, "amazon-bedrock-invocationMetrics": metrics}
+        padding = "abcdefghijklmnopqrstuvwxyz"[: 3 + i % 20]
+        payload = {"bytes": base64.b64encode(_json(event)).decode(), "p": padding}
+        frames.append(encode_message(headers, _json(payload)))  # type: ignore[arg-type]
+    return frames
 
 
 def answer_for(model: str) -> Answer:
@@ -140,11 +146,14 @@ def answer_for(model: str) -> Answer:
     return answer
 
 
-def canonical_body(model: str, stream: bool) -> bytes:
-    """The body (no head, no chunk framing) this server sends for ``model``."""
+def canonical_body(model: str, stream: bool, shape: str = "messages") -> bytes:
+    """The body (no head, no chunk framing) this server sends for ``model``: on ``/v1/messages`` (``shape``
+    "messages") or on the Bedrock routes ("bedrock": a stream is event-stream frames, ``invoke`` the same JSON)."""
     spec = spec_for(model)
     if not stream:
         return _json(spec.message)
+    if shape == "bedrock":
+        return b"".join(_bedrock_frames(model))
     return b"".join(_frame(e) for e in spec.events)
 
 
