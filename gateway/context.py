@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from gateway.edge import ClientKey
+    from gateway.events import Batch
     from gateway.limits import Lease
     from gateway.runtime import Runtime
 
@@ -47,9 +48,9 @@ class RequestContext:
         "request_id",
         "response_headers",
         "runtime",
+        "sent",
         "session_id",
         "stream",
-        "wire",
     )
 
     def __init__(
@@ -79,6 +80,7 @@ class RequestContext:
         self.stream = False  # the client asked for a stream
         self.lease: Lease | None = None  # the request's hold on its rate limits and budgets (gateway.limits)
         self.response_headers: dict[str, str] = {}  # the gateway's own headers for the response (a clamp…)
-        # (the chunk of the body the pipeline yielded last, the provider's own bytes of it) when they are not SSE:
-        # a surface of that provider's shape sends those instead of re-encoding the chunk (surfaces.bedrock)
-        self.wire: tuple[bytes, bytes] | None = None
+        # (the chunk of the body the pipeline yielded last, the batch it is) when the chunk is a whole batch: a
+        # surface encodes from the batch's decoded events (or sends the provider's own bytes of it,
+        # ``Batch.wire``) instead of splitting the chunk again (surfaces.bedrock)
+        self.sent: tuple[bytes, Batch] | None = None

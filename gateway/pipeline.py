@@ -302,8 +302,7 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
                     outcome = Outcome.COMPLETED if validator.state is State.DONE else Outcome.UPSTREAM_ERROR
             out = _forward(batch, sent, failure)
             if out:
-                wire = batch.wire
-                context.wire = (out, wire) if wire is not None and out is batch.raw else None
+                context.sent = (out, batch) if out is batch.raw else None  # the chunk is the whole batch
                 yield out
             if validator.state >= State.DONE:
                 return

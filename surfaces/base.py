@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import msgspec
 
 from gateway.errors import InvalidRequest, NotFound
+from gateway.events import Batch
 
 __all__ = ["Call", "PathCall", "Routes", "Wire", "canonical_body", "cloud_model_names", "resolve_cloud_model"]
 
@@ -25,9 +26,9 @@ _DATE = re.compile(r"-\d{8}$")
 
 class Wire(Protocol):
     """What a surface reads of the request's context (``gateway.context.RequestContext``): the chunk the pipeline
-    yielded last with the provider's own bytes of it, when they are not SSE."""
+    yielded last with the batch it is, when it is a whole batch."""
 
-    wire: tuple[bytes, bytes] | None
+    sent: tuple[bytes, Batch] | None
 
 
 class Routes(Protocol):
@@ -52,8 +53,7 @@ class Call(Protocol):
         ...
 
     def wrap(self, send: Send, context: Wire) -> Send:
-        """``send`` for the answer in this surface's shape (``context``: the request's, for the provider's own
-        bytes of a chunk)."""
+        """``send`` for the answer in this surface's shape (``context``: the request's, for the batch a chunk is)."""
         ...
 
 

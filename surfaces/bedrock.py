@@ -30,7 +30,7 @@ import msgspec
 
 from adapters._eventstream import HeaderValue, encode_chunks, encode_message
 from gateway.errors import InvalidRequest
-from gateway.events import Usage, UsageView, decode_view
+from gateway.events import Batch, EventView, Usage, UsageView, decode_view
 from gateway.fold import fold_usage
 from gateway.sse import split_block
 from surfaces.base import PathCall, Routes, Send, Wire, canonical_body, resolve_cloud_model
@@ -138,6 +138,10 @@ def _split(block: bytes) -> tuple[list[bytes], list[bytes]]:
     return [e or b"message" for e in events], datas
 
 
+_COUNTED = frozenset({"message_start", "message_delta"})
+_LAST = frozenset({"message_stop", "error"})
+
+
 class _Stream:
     """The eventstream body of one answer: frames for the SSE blocks the edge sends, and the usage they
     carry (for the invocation metrics)."""
@@ -147,21 +151,37 @@ class _Stream:
         self.first_byte: float | None = None
         self.usage = Usage()
 
-    def encode(self, block: bytes) -> bytes:
+    def encode(self, block: bytes, sent: tuple[bytes, Batch] | None) -> bytes:
+        """The frames of ``block``: a Bedrock target's own (``Batch.wire``), byte for byte; else each event a
+        chunk, from the batch's decoded events when ``block`` is one (``sent``), else split here."""
         if not block:
             return b""
         if self.first_byte is None:
             self.first_byte = time.monotonic()
-        names, datas = _split(block)
+        if sent is not None and sent[0] is block:
+            batch = sent[1]
+            if batch.wire is not None:
+                return batch.wire
+            names = [view.type for view in batch.views]
+            views: list[EventView] | None = batch.views
+            datas = batch.datas
+        else:
+            raw, datas = _split(block)
+            names, views = [name.decode("latin-1") for name in raw], None
+        return self._frames(names, views, datas)
+
+    def _frames(self, names: list[str], views: list[EventView] | None, datas: list[bytes]) -> bytes:
         out: list[bytes] = []
         start = 0
         for i, name in enumerate(names):
-            if name == b"message_start" or name == b"message_delta":
-                self.usage = fold_usage(self.usage, decode_view(datas[i]))
-            elif name == b"message_stop" or name == b"error":
+            if name in _COUNTED:
+                self.usage = fold_usage(self.usage, views[i] if views is not None else decode_view(datas[i]))
+            elif name in _LAST:
                 out.append(encode_chunks(datas[start:i]))
-                out.append(self._stop(datas[i]) if name == b"message_stop" else _exception_frame(datas[i]))
+                out.append(self._stop(datas[i]) if name == "message_stop" else _exception_frame(datas[i]))
                 start = i + 1
+        if not out:
+            return encode_chunks(datas)
         out.append(encode_chunks(datas[start:]))
         return b"".join(out)
 
@@ -213,11 +233,7 @@ class _BedrockSend:
             self._held = None
             return
         if self._body is not None:
-            block: bytes = message.get("body", b"")
-            wire = self._context.wire
-            # a Bedrock target's own frames go out byte for byte; anything else is encoded here
-            out = wire[1] if wire is not None and wire[0] is block else self._body.encode(block)
-            message = {**message, "body": out}
+            message = {**message, "body": self._body.encode(message.get("body", b""), self._context.sent)}
         await self._send(message)
 
     async def _answer(self, head: dict[str, Any], message: dict[str, Any]) -> None:
