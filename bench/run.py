@@ -879,7 +879,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"names or globs, comma or space separated (default: all): {DEFAULT}",
     )
     parser.add_argument("--litellm", action="store_true", help="also run burst/json/ttft through LiteLLM's proxy")
-    parser.add_argument("--upstream-client", choices=("aiohttp", "httpx", "httpx-aiohttp"), default=None)
+    parser.add_argument("--upstream-client", choices=("aiohttp", "h1", "httpx", "httpx-aiohttp"), default=None)
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (--workers)")
     parser.add_argument("--soak-seconds", type=float, default=None, help="soak length (default 600; --quick 20)")
     parser.add_argument("--ttft-repeats", type=int, default=None, help="ttft-c1 repeats (default 6; --quick 4)")
@@ -943,7 +943,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     started = datetime.now(UTC)
     stamp = started.strftime("%Y%m%d-%H%M%S")
     work = Path(tempfile.mkdtemp(prefix=f"bench-{stamp}-"))
-    client = args.upstream_client or os.environ.get("MESSAGES_GATEWAY_UPSTREAM_CLIENT") or "aiohttp"
+    client = args.upstream_client or os.environ.get("MESSAGES_GATEWAY_UPSTREAM_CLIENT") or "h1"
     report: dict[str, Any] = {
         "started": started.isoformat(timespec="seconds"),
         "command": shlex.join(["python", "-m", "bench.run", *sys.argv[1:]]),

@@ -29,7 +29,7 @@ from gateway.resilience import Resilience
 from gateway.server import HeaderLimits
 from gateway.settings import Settings
 from gateway.status import STATUS_HANDLERS
-from gateway.upstream import make_client
+from gateway.upstream import DEFAULT_CLIENT, make_client
 from gateway.usage import Outcome, access_line, access_log
 
 __all__ = ["Gateway", "GatewayApp", "create_app"]
@@ -168,7 +168,7 @@ def create_app(
     settings: Settings,
     *,
     metrics: Metrics | None = None,
-    upstream_client: str = "aiohttp",
+    upstream_client: str = DEFAULT_CLIENT,
     resilience: Resilience | None = None,
     config_path: str | Path | None = None,
     watch_interval_s: float | None = 1.0,

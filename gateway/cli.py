@@ -40,12 +40,13 @@ def app_from_env() -> GatewayApp:
     """The uvicorn factory: every worker process builds its own app from the same config file (and, being
     a fresh process when there are several workers, sets up its own logging)."""
     from gateway.app import create_app
+    from gateway.upstream import DEFAULT_CLIENT
 
     configure_logging()
     path = os.environ.get(_CONFIG_ENV) or default_config_path()
     return create_app(
         load_settings(path),
-        upstream_client=os.environ.get("MESSAGES_GATEWAY_UPSTREAM_CLIENT", "aiohttp"),
+        upstream_client=os.environ.get("MESSAGES_GATEWAY_UPSTREAM_CLIENT", DEFAULT_CLIENT),
         config_path=path,  # reloaded on SIGHUP and when the file changes
     )
 

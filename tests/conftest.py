@@ -23,6 +23,7 @@ from gateway.metrics import Metrics
 from gateway.pipeline import Resilience
 from gateway.server import PROTOCOL
 from gateway.settings import Settings, parse_settings
+from gateway.upstream import DEFAULT_CLIENT
 from tests.fakes.claude_api import FakeClaudeAPI
 from tests.postgres import PostgresServer, find_bin_dir, start_postgres
 
@@ -42,13 +43,14 @@ class RunningGateway:
 
 @contextmanager
 def run_gateway(
-    settings: Settings | str, *, upstream_client: str = "aiohttp", resilience: Resilience | None = None
+    settings: Settings | str, *, upstream_client: str | None = None, resilience: Resilience | None = None
 ) -> Iterator[RunningGateway]:
     """Serve the gateway for `settings` (a Settings or YAML text) in a background thread."""
     if isinstance(settings, str):
         settings = parse_settings(settings, environ={})
     metrics = Metrics()
-    app = create_app(settings, metrics=metrics, upstream_client=upstream_client, resilience=resilience)
+    client = upstream_client or os.environ.get("MESSAGES_GATEWAY_UPSTREAM_CLIENT", DEFAULT_CLIENT)
+    app = create_app(settings, metrics=metrics, upstream_client=client, resilience=resilience)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # Accepted connections inherit it: without it a keep-alive client here waits ~40 ms per request on a
