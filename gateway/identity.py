@@ -23,15 +23,22 @@ import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from gateway.edge import ClientKey, digest_of, key_candidates, key_headers
 from gateway.errors import AuthenticationError, InvalidRequest, StoreUnavailable
-from gateway.jwt_auth import JwtVerifier, looks_like_jwt
 from gateway.settings import JwtSettings, LimitSettings, Settings, TeamSettings
 from gateway.store import IssuedKey, Store, StoreError
+
+if TYPE_CHECKING:
+    from gateway.jwt_auth import JwtVerifier
+
+
+def looks_like_jwt(token: str) -> bool:
+    """A compact JWS: three base64url parts, the header a JSON object (``eyJ`` is ``{"``)."""
+    return token.startswith("eyJ") and token.count(".") == 2
 
 
 class Snapshot(Protocol):
@@ -219,6 +226,8 @@ class Identity:
         self._verifier: JwtVerifier | None = None
 
     def verifier(self, settings: JwtSettings) -> JwtVerifier:
+        from gateway.jwt_auth import JwtVerifier  # PyJWT and cryptography (~20 MB) only where auth.jwt is set
+
         verifier = self._verifier
         if verifier is None or verifier.settings != settings:
             verifier = self._verifier = JwtVerifier(settings)

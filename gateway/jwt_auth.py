@@ -30,7 +30,7 @@ from gateway.edge import ClientKey
 from gateway.errors import AuthenticationError, GatewayError
 from gateway.settings import JwtSettings, TeamSettings
 
-__all__ = ["REFETCH_S", "JwtVerifier", "looks_like_jwt"]
+__all__ = ["REFETCH_S", "JwtVerifier"]
 
 log = logging.getLogger("gateway")
 
@@ -44,11 +44,6 @@ class IdentityProviderDown(GatewayError):
 
     status_code = 503
     error_type = "api_error"
-
-
-def looks_like_jwt(token: str) -> bool:
-    """A compact JWS: three base64url parts, the header a JSON object (``eyJ`` is ``{"``)."""
-    return token.startswith("eyJ") and token.count(".") == 2
 
 
 _FAMILY = {"RSA": ("RS", "PS"), "EC": ("ES",), "OKP": ("EdDSA",)}  # never "oct": an HMAC secret is not published

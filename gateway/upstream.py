@@ -18,14 +18,16 @@ import zlib
 from collections import deque
 from collections.abc import AsyncGenerator, Iterator, Mapping
 from http.cookiejar import CookieJar, DefaultCookiePolicy
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
-import aiohttp
 import httptools
-import httpx
 
 from gateway.errors import UpstreamConnectionError, UpstreamTimeout
+
+if TYPE_CHECKING:  # imported when their client is made: the default (h1) needs neither (~20 MB each)
+    import aiohttp
+    import httpx
 
 __all__ = [
     "DEFAULT_CLIENT",
@@ -127,6 +129,8 @@ class _AiohttpResponse:
         return self._resp.headers
 
     async def chunks(self) -> AsyncGenerator[bytes]:
+        import aiohttp
+
         try:
             async for chunk in self._resp.content.iter_any():
                 yield chunk
@@ -137,6 +141,8 @@ class _AiohttpResponse:
             self._resp.release()
 
     async def read(self, limit: int | None = None) -> bytes:
+        import aiohttp
+
         resp = self._resp
         try:
             length = resp.content_length
@@ -170,6 +176,8 @@ class AiohttpClient:
     """Default upstream client: aiohttp, one pooled session per process."""
 
     def __init__(self) -> None:
+        import aiohttp
+
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
             # A gateway must never carry one client's provider cookies into another client's request
@@ -183,6 +191,8 @@ class AiohttpClient:
     async def send(
         self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None, timeouts: Timeouts
     ) -> UpstreamResponse:
+        import aiohttp
+
         timeout = timeouts.aiohttp
         if timeout is None:
             timeout = timeouts.aiohttp = aiohttp.ClientTimeout(
@@ -223,6 +233,8 @@ class _HttpxResponse:
         return self._resp.headers
 
     async def chunks(self) -> AsyncGenerator[bytes]:
+        import httpx
+
         try:
             async for chunk in self._resp.aiter_raw():
                 yield chunk
@@ -233,6 +245,8 @@ class _HttpxResponse:
             await self._resp.aclose()
 
     async def read(self, limit: int | None = None) -> bytes:
+        import httpx
+
         try:
             if limit is None:
                 return await self._resp.aread()
@@ -260,6 +274,8 @@ class HttpxClient:
     """httpx on its default transport (httpcore + h11), or on another httpx transport."""
 
     def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        import httpx
+
         self._client = httpx.AsyncClient(
             transport=transport,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
@@ -269,6 +285,8 @@ class HttpxClient:
     async def send(
         self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None, timeouts: Timeouts
     ) -> UpstreamResponse:
+        import httpx
+
         timeout = httpx.Timeout(timeouts.read, connect=timeouts.connect)
         request = self._client.build_request(method, url, headers=dict(headers), content=body, timeout=timeout)
         try:
