@@ -21,18 +21,17 @@ import hmac
 import os
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
-
-from botocore.credentials import Credentials, ReadOnlyCredentials, RefreshableCredentials
-from botocore.exceptions import BotoCoreError
-from botocore.session import Session
-from botocore.utils import normalize_url_path
 
 from gateway.errors import GatewayError
 from gateway.request import ProxyRequest
 from gateway.settings import AwsAuthSettings
 
 from ._http import Auth, HeaderAuth
+
+if TYPE_CHECKING:  # botocore (~20 MB) is imported where an AWS credential or region is first needed
+    from botocore.credentials import Credentials, ReadOnlyCredentials
 
 __all__ = [
     "AwsCredentialsUnavailable",
@@ -88,6 +87,9 @@ class CredentialSource:
         credentials: Credentials | None = None,
     ) -> None:
         """``credentials``: an already-built botocore credentials object (tests, embedding)."""
+        from botocore.credentials import Credentials, RefreshableCredentials
+
+        self._refreshable_type = RefreshableCredentials
         self._provider = provider
         self._profile = profile
         self._credentials = credentials
@@ -102,11 +104,12 @@ class CredentialSource:
     async def get(self) -> ReadOnlyCredentials:
         frozen = self._frozen
         credentials = self._credentials
-        if frozen is not None and not isinstance(credentials, RefreshableCredentials):
+        refreshable = self._refreshable_type
+        if frozen is not None and not isinstance(credentials, refreshable):
             return frozen  # static keys: nothing ever changes
         if (
             frozen is not None
-            and isinstance(credentials, RefreshableCredentials)
+            and isinstance(credentials, refreshable)
             and not credentials.refresh_needed(_MANDATORY_REFRESH_S)
         ):
             if credentials.refresh_needed() and self._background is None:  # advisory: refresh, don't wait
@@ -123,7 +126,7 @@ class CredentialSource:
             credentials = self._credentials
             if (
                 self._frozen is not None
-                and isinstance(credentials, RefreshableCredentials)
+                and isinstance(credentials, self._refreshable_type)
                 and not credentials.refresh_needed(within)
             ):
                 return self._frozen
@@ -140,6 +143,9 @@ class CredentialSource:
 
     def _resolve(self) -> ReadOnlyCredentials:
         """Runs in a worker thread: the provider chain may call instance metadata or STS."""
+        from botocore.exceptions import BotoCoreError
+        from botocore.session import Session
+
         try:
             if self._credentials is None:
                 self._credentials = Session(profile=self._profile).get_credentials()
@@ -182,6 +188,8 @@ class SigV4Signer:
             host = split.hostname or ""
             if split.port is not None and split.port != {"http": 80, "https": 443}.get(split.scheme):
                 host = f"{host}:{split.port}"
+            from botocore.utils import normalize_url_path
+
             path = quote(normalize_url_path(split.path), safe="/~")  # encoded again: %2F -> %252F
             pairs = sorted(item.partition("=")[::2] for item in split.query.split("&") if item)
             query = "&".join(f"{key}={value}" for key, value in pairs)  # as botocore: sent already encoded
@@ -275,6 +283,8 @@ def aws_region(configured: str | None, profile: str | None = None) -> str:
     for var in ("AWS_REGION", "AWS_DEFAULT_REGION"):
         if os.environ.get(var):
             return os.environ[var]
+    from botocore.session import Session
+
     region = Session(profile=profile).get_config_variable("region")
     return region if isinstance(region, str) and region else "us-east-1"
 
