@@ -8,8 +8,10 @@ import math
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -140,22 +142,97 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(uvicorn: Any, settings: Settings, host: str, port: int, workers: int) -> None:
-    uvicorn.run(
-        "gateway.cli:app_from_env",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        loop="uvloop",
-        http=PROTOCOL,  # httptools, with limits on the request head (gateway/server.py)
-        lifespan="on",
-        access_log=False,
-        log_level="warning",
+def _uvicorn_options(settings: Settings) -> dict[str, Any]:
+    return {
+        "factory": True,
+        "loop": "uvloop",
+        "http": PROTOCOL,  # httptools, with limits on the request head (gateway/server.py)
+        "lifespan": "on",
+        "access_log": False,
+        "log_level": "warning",
         # SIGTERM: the gateway ends streams still running after drain_timeout_s with an `error` event
         # (gateway.app); uvicorn's own limit is a backstop a little later.
-        timeout_graceful_shutdown=math.ceil(settings.server.drain_timeout_s) + 5,
-    )
+        "timeout_graceful_shutdown": math.ceil(settings.server.drain_timeout_s) + 5,
+    }
+
+
+def _run(uvicorn: Any, settings: Settings, host: str, port: int, workers: int) -> None:
+    options = _uvicorn_options(settings)
+    if workers > 1 and hasattr(socket, "SO_REUSEPORT"):
+        run_workers(workers, host, port, options)
+        return
+    uvicorn.run("gateway.cli:app_from_env", host=host, port=port, workers=workers, **options)
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A listening socket of this worker's own on ``host:port``, in the port's SO_REUSEPORT group: the kernel
+    spreads new connections across the group's sockets, so each worker gets its share of keep-alive
+    connections (one shared socket lets whichever worker wakes first take them all: docs/benchmarks.md)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _worker(host: str, port: int, options: dict[str, Any]) -> None:
+    """One worker process (spawned): its own socket, its own uvicorn server, the app built from the config."""
+    import uvicorn
+
+    sock = reuseport_socket(host, port)
+    config = uvicorn.Config("gateway.cli:app_from_env", **options)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def run_workers(workers: int, host: str, port: int, options: dict[str, Any]) -> None:
+    """Several workers, each with its own SO_REUSEPORT socket (issue 21). SIGTERM, SIGINT and SIGHUP go to every
+    worker (each drains, or reloads); a worker that dies otherwise is started again; returns when all have
+    stopped after a stop signal."""
+    import multiprocessing
+
+    if port == 0:  # every worker must bind the same port: choose it here
+        probe = reuseport_socket(host, 0)
+        port = probe.getsockname()[1]
+        probe.close()
+    context = multiprocessing.get_context("spawn")
+    log = logging.getLogger("gateway")
+    stopping = False
+
+    started: dict[int, float] = {}
+
+    def start() -> Any:
+        process = context.Process(target=_worker, args=(host, port, options), name="gateway-worker")
+        process.start()
+        started[id(process)] = time.monotonic()
+        return process
+
+    processes = [start() for _ in range(workers)]
+
+    def forward(signum: int, frame: object) -> None:
+        nonlocal stopping
+        if signum != signal.SIGHUP:
+            stopping = True
+        for process in processes:
+            if process.pid is not None and process.is_alive():
+                os.kill(process.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        while any(process.is_alive() for process in processes) or not stopping:
+            for i, process in enumerate(processes):
+                process.join(0.2)
+                if not process.is_alive() and not stopping:
+                    if time.monotonic() - started[id(process)] < 5:  # it could not start: nor will the next
+                        forward(signal.SIGTERM, None)
+                        raise SystemExit(f"messages-gateway: a worker failed to start (exit {process.exitcode})")
+                    log.warning("worker %s exited (code %s): starting another", process.pid, process.exitcode)
+                    processes[i] = start()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _check(args: argparse.Namespace) -> int:
