@@ -22,7 +22,7 @@ from gateway.context import DRAIN_CANCEL, Reply, RequestContext
 from gateway.edge import authorize, check_max_tokens, check_model_name, proxy_request, read_body
 from gateway.errors import GatewayError, RequestTooLarge, error_frame, new_request_id
 from gateway.request import parse_count_tokens, parse_messages
-from gateway.server import BODY_RECEIVED
+from gateway.server import BODY_RECEIVED, DISCONNECT_HOOK, DisconnectHook
 from gateway.usage import Outcome, UsageTally
 
 if TYPE_CHECKING:
@@ -272,7 +272,9 @@ async def _serve(
     assert task is not None
     # From here a client that goes away cancels the work, whatever it is waiting for: the provider's JSON,
     # its first event, or the next one. Cancelling closes the upstream request (and records the usage so far).
-    watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
+    # The gateway's server protocol calls the hook when the connection is lost; under another server a task
+    # waits on receive() for the disconnect.
+    watch = _Watch(scope, receive, task)
     try:
         try:
             if not stream:
@@ -309,11 +311,11 @@ async def _serve(
         finally:
             gw.streams.pop(task, None)
     except asyncio.CancelledError:
-        if not _client_left(watcher):
+        if not watch.client_left():
             raise  # cancelled from elsewhere (server shutdown): not ours to swallow
         task.uncancel()
     finally:
-        watcher.cancel()
+        watch.stop()
 
 
 async def _send_answer(send: Send, answer: JsonReply, tally: UsageTally, reply: Reply, *, recorded: bool) -> None:
@@ -333,6 +335,36 @@ async def _send_answer(send: Send, answer: JsonReply, tally: UsageTally, reply: 
         **context.response_headers,
     }
     await _send_json(send, answer.status, answer.body, headers, reply)
+
+
+class _Watch:
+    """Cancels the request's task when its client goes away: called by the gateway's server protocol through
+    the scope's ``DisconnectHook``, or, under another server, by a task waiting on ``receive()``."""
+
+    __slots__ = ("_hook", "_task", "_watcher", "happened")
+
+    def __init__(self, scope: Scope, receive: Receive, task: asyncio.Task[Any]) -> None:
+        self._task = task
+        self.happened = False
+        self._hook: DisconnectHook | None = scope.get(DISCONNECT_HOOK)
+        self._watcher: asyncio.Future[bool] | None = None
+        if self._hook is not None:
+            self._hook.callback = self._gone
+        else:
+            self._watcher = asyncio.ensure_future(_cancel_on_disconnect(receive, task))
+
+    def _gone(self) -> None:
+        self.happened = True
+        self._task.cancel()
+
+    def client_left(self) -> bool:
+        return self.happened if self._watcher is None else _client_left(self._watcher)
+
+    def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self._hook is not None:
+            self._hook.callback = None
 
 
 def _client_left(watcher: asyncio.Future[bool]) -> bool:
