@@ -43,9 +43,14 @@ class RunningGateway:
 
 @contextmanager
 def run_gateway(
-    settings: Settings | str, *, upstream_client: str | None = None, resilience: Resilience | None = None
+    settings: Settings | str,
+    *,
+    upstream_client: str | None = None,
+    resilience: Resilience | None = None,
+    http: str = PROTOCOL,
 ) -> Iterator[RunningGateway]:
-    """Serve the gateway for `settings` (a Settings or YAML text) in a background thread."""
+    """Serve the gateway for `settings` (a Settings or YAML text) in a background thread (``http``: uvicorn's
+    protocol; the gateway's own by default)."""
     if isinstance(settings, str):
         settings = parse_settings(settings, environ={})
     metrics = Metrics()
@@ -58,7 +63,7 @@ def run_gateway(
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, loop="asyncio", http=PROTOCOL, lifespan="on", log_level="warning", access_log=False)
+    config = uvicorn.Config(app, loop="asyncio", http=http, lifespan="on", log_level="warning", access_log=False)
     server = uvicorn.Server(config)
 
     def serve() -> None:

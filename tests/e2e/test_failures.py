@@ -9,7 +9,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.conftest import RunningGateway, run_gateway, sdk_error
+from tests.conftest import RunningGateway, claude_config, run_gateway, sdk_error
 from tests.fakes.claude_api import FakeClaudeAPI
 
 KW: dict[str, Any] = {"max_tokens": 1024, "messages": [{"role": "user", "content": "Hello"}]}
@@ -85,6 +85,17 @@ def test_upstream_cut_mid_stream_ends_with_error_never_message_stop(gateway: Run
 def test_client_disconnect_closes_upstream_and_records_partial_usage(
     fake: FakeClaudeAPI, gateway: RunningGateway
 ) -> None:
+    """Under the gateway's server protocol, which tells the edge of the lost connection (a DisconnectHook)."""
+    _disconnect_closes_upstream(fake, gateway)
+
+
+def test_client_disconnect_is_seen_under_a_server_without_the_hook(fake: FakeClaudeAPI) -> None:
+    """Under uvicorn's own httptools protocol the edge waits on receive() for the disconnect instead."""
+    with run_gateway(claude_config(fake.base_url), http="httptools") as stock:
+        _disconnect_closes_upstream(fake, stock)
+
+
+def _disconnect_closes_upstream(fake: FakeClaudeAPI, gateway: RunningGateway) -> None:
     labels = {"alias": "*", "provider": "claude", "model": ""}  # a forwarded name is no label
     before = gateway.sample("gateway_requests_total", **labels, outcome="client_cancelled")
     input_before = gateway.sample("gateway_tokens_total", **labels, type="input")
