@@ -162,7 +162,7 @@ class BedrockEventStream:
                 if batch is not None:
                     self._previous = batch.views
                     if failure is None:  # Bedrock's own frames, for a client that speaks Bedrock too
-                        batch.wire = decoder.last_messages()
+                        batch.wire_span = decoder.last_span()  # sliced only if such a client asks
                     yield batch
                 if failure is not None:
                     return

@@ -192,6 +192,11 @@ class EventStreamDecoder:
         self._fed, self._used = buf, start
         return scanned.payloads, scanned.frames
 
+    def last_span(self) -> tuple[bytes, int]:
+        """What the last feed scanned and how many of its first bytes made the messages it returned (the rest
+        is a partial message it keeps): ``last_messages`` without the copy, for a caller that may never need it."""
+        return self._fed, self._used
+
     def last_messages(self) -> bytes:
         """The exact bytes of the messages the last feed returned (a partial one it keeps is not among them)."""
         fed, used = self._fed, self._used

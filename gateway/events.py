@@ -404,7 +404,7 @@ class Batch:
     and ``datas`` is then only split out of it if something needs them one by one.
     """
 
-    __slots__ = ("_datas", "raw", "views", "wire")
+    __slots__ = ("_datas", "raw", "views", "wire_span")
 
     def __init__(self, views: list[EventView], datas: list[bytes] | None, raw: bytes | None = None) -> None:
         if datas is None and raw is None:
@@ -412,9 +412,19 @@ class Batch:
         self.views = views
         self._datas = datas
         self.raw = raw
-        # the provider's own bytes of the batch when its wire is not SSE (a Bedrock read's event-stream frames):
-        # what a client of that same shape gets, byte for byte, when the whole batch goes out
-        self.wire: bytes | None = None
+        # (bytes read, how many of them are the batch's) when the provider's wire is not SSE (a Bedrock read's
+        # event-stream frames): what a client of that same shape gets, byte for byte (``wire``)
+        self.wire_span: tuple[bytes, int] | None = None
+
+    @property
+    def wire(self) -> bytes | None:
+        """The provider's own bytes of the batch, when they are not SSE (sliced on first use: only a client of
+        the provider's shape needs them)."""
+        span = self.wire_span
+        if span is None:
+            return None
+        read, used = span
+        return read if used == len(read) else read[:used]
 
     @property
     def datas(self) -> list[bytes]:

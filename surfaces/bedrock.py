@@ -160,8 +160,9 @@ class _Stream:
             self.first_byte = time.monotonic()
         if sent is not None and sent[0] is block:
             batch = sent[1]
-            if batch.wire is not None:
-                return batch.wire
+            wire = batch.wire
+            if wire is not None:
+                return wire
             names = [view.type for view in batch.views]
             views: list[EventView] | None = batch.views
             datas = batch.datas

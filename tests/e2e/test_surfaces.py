@@ -104,6 +104,25 @@ def test_a_bedrock_targets_own_frames_go_out_byte_for_byte(gw: RunningGateway, b
     assert "amazon-bedrock-invocationMetrics" in last  # Bedrock's own metrics, as it sent them
 
 
+def test_a_bedrock_targets_frames_go_out_whole_when_they_straddle_reads(
+    gw: RunningGateway, bedrock: FakeBedrock
+) -> None:
+    """The fake writes its frames in pieces of 1-7 bytes: every read ends inside a frame, so each batch's own
+    bytes are the front of the read (``Batch.wire`` slices them); the client still gets whole frames, each
+    Bedrock's own (its padding), in order, with nothing lost or repeated."""
+    whole = httpx.post(f"{gw.url}/model/bedrock-text/invoke-with-response-stream", json=BEDROCK_BODY, headers=AUTH)
+    bedrock.split_writes = 7
+    try:
+        split = httpx.post(f"{gw.url}/model/bedrock-text/invoke-with-response-stream", json=BEDROCK_BODY, headers=AUTH)
+    finally:
+        bedrock.split_writes = None
+    assert split.status_code == 200
+    payloads = [json.loads(m.payload) for m in frames(split.content)]
+    assert payloads and all("p" in p for p in payloads)
+    kinds = [json.loads(base64.b64decode(p["bytes"]))["type"] for p in payloads]
+    assert kinds == [e["type"] for e in chunk_events(whole.content)]
+
+
 def test_a_failure_mid_stream_is_the_exception_frame_bedrock_sends(gw: RunningGateway) -> None:
     resp = httpx.post(
         f"{gw.url}/model/anthropic.fake-error-midstream-v1:0/invoke-with-response-stream",
