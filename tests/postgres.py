@@ -7,11 +7,12 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.net import free_port
 
 __all__ = ["PostgresServer", "find_bin_dir", "new_database", "start_postgres"]
 
@@ -23,13 +24,6 @@ def find_bin_dir() -> Path | None:
         return Path(os.path.realpath(on_path)).parent
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
     return Path(found[-1]).parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -64,7 +58,7 @@ def start_postgres() -> PostgresServer:
     os.chmod(root, 0o755)
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
-    server = PostgresServer(root, _free_port(), bin_dir)
+    server = PostgresServer(root, free_port(), bin_dir)
     data = root / "data"
     init = server._run("initdb", "-D", str(data), "-U", server.user, "-A", "trust", "-E", "UTF8", "--no-sync")
     if init.returncode != 0:

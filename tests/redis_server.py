@@ -10,14 +10,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.net import free_port
+
 __all__ = ["RedisServer", "start_redis"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -69,6 +64,6 @@ class RedisServer:
 def start_redis() -> RedisServer:
     if shutil.which("redis-server") is None:
         raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
-    server = RedisServer(_free_port(), Path(tempfile.mkdtemp(prefix="gateway-redis-")))
+    server = RedisServer(free_port(), Path(tempfile.mkdtemp(prefix="gateway-redis-")))
     server.start()
     return server

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,12 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tests.net import free_port
 
 
 class Served:
@@ -33,7 +27,7 @@ def serve(tmp_path: Path) -> Iterator[object]:
     started: list[Served] = []
 
     def start(config: Path, *extra: str) -> Served:
-        port = _free_port()
+        port = free_port()
         log = tmp_path / f"gateway-{port}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(

@@ -130,3 +130,23 @@ def test_bedrock_error_shapes(status: int, error_type: str, out_status: int, nam
     assert found[b"x-amzn-errortype"].split(b":")[0] == name.encode()
     assert found[b"retry-after"] == b"3" and found[b"x-amzn-requestid"] == b"req_1"
     assert found[b"content-length"] == str(len(body)).encode()
+
+
+def test_the_surfaces_error_names_are_the_inverse_of_the_adapters() -> None:
+    """The Bedrock surface writes an Anthropic error type as the Bedrock exception the Bedrock adapter reads back
+    as that same type — before the stream (BEDROCK_ERRORS) and during it (STREAM_EXCEPTIONS): a round trip
+    through a Bedrock-shaped client and a Bedrock target changes no error's type."""
+    from adapters.bedrock import BEDROCK_ERRORS, STREAM_EXCEPTIONS
+    from surfaces.bedrock import _ERRORS, _STREAM_ERRORS
+
+    # Bedrock has no exception of these types: they become the nearest one, and read back as its type
+    nearest = {"request_too_large": "invalid_request_error", "billing_error": "rate_limit_error"}
+    for error_type, (name, _) in _ERRORS.items():
+        if name in BEDROCK_ERRORS:  # (UnrecognizedClientException, the key refused, is never read back)
+            assert BEDROCK_ERRORS[name][1] == nearest.get(error_type, error_type), name
+    assert {"ValidationException", "ThrottlingException", "ServiceUnavailableException"} <= {
+        name for name, _ in _ERRORS.values()
+    }
+    for error_type, name in _STREAM_ERRORS.items():
+        assert STREAM_EXCEPTIONS[name] == error_type, name
+    assert STREAM_EXCEPTIONS["internalServerException"] == "api_error"  # what every other type becomes
