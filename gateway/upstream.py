@@ -319,8 +319,8 @@ _HIGH_WATER = 1 << 20  # bytes of body held unread before the socket stops being
 
 
 class _H1Headers(Mapping[str, str]):
-    """Case-insensitive response headers (names kept lower-case; a repeated name keeps its last value, joined
-    for ``set-cookie``-like repeats is not needed here: providers send each header once)."""
+    """Case-insensitive response headers (names kept lower-case; a repeated name keeps its last value: the
+    headers the gateway reads come once)."""
 
     __slots__ = ("_items",)
 
