@@ -24,12 +24,26 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from gateway.errors import envelope, error_headers, new_request_id
 from gateway.usage import Outcome, access_line, access_log
 
-__all__ = ["BODY_RECEIVED", "DISCONNECT_HOOK", "PROTOCOL", "DisconnectHook", "GuardedHttpToolsProtocol", "HeaderLimits"]
+__all__ = [
+    "BODY_RECEIVED",
+    "DISCONNECT_HOOK",
+    "PROTOCOL",
+    "DisconnectHook",
+    "GatewayCycle",
+    "GuardedHttpToolsProtocol",
+    "HeaderLimits",
+]
 
 log = logging.getLogger("gateway")
 
@@ -88,6 +102,105 @@ class DisconnectHook:
         self.callback: Callable[[], None] | None = None  # set by the edge while it serves the request
 
 
+class GatewayCycle(RequestResponseCycle):
+    """uvicorn's request/response cycle with one write where uvicorn makes two: the response head is kept until
+    the first body message and written with it (a JSON answer is one ``write``, a stream's head goes out with
+    its first events), or at the end of the loop turn if no body follows at once — so the head never waits
+    for the app. The head's fields are checked as uvicorn checks them (the same two expressions), over all
+    names and all values at once instead of one search per field. Everything else is uvicorn's: the framing
+    (content-length or chunked), ``connection: close``, ``HEAD``, flow control, completion."""
+
+    _head: bytes | None = None
+    _head_flush: asyncio.Handle | None = None
+
+    async def send(self, message: Any) -> None:
+        if self.response_started and not self.response_complete and message["type"] == "http.response.body":
+            await self._send_body(message)
+            return
+        if self.response_started or message["type"] != "http.response.start":
+            await super().send(message)  # uvicorn's own errors for a message out of order
+            return
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        status_code = message["status"]
+        headers = self.default_headers + list(message.get("headers", []))
+        names = [name for name, _ in headers]
+        values = [value for _, value in headers]
+        if HEADER_RE.search(b"-".join(names)):  # '-' is a token character: the join adds none to find
+            raise RuntimeError("Invalid HTTP header name.")
+        if HEADER_VALUE_RE.search(b"\t".join(values)):  # and a tab is allowed in a value
+            raise RuntimeError("Invalid HTTP header value.")
+        content = [STATUS_LINE[status_code]]
+        has_connection_close = False
+        for name, value in headers:
+            name = name.lower()
+            if name == b"content-length" and self.chunked_encoding is None:
+                self.expected_content_length = int(value.decode())
+                self.chunked_encoding = False
+            elif name == b"transfer-encoding" and value.lower() == b"chunked":
+                self.expected_content_length = 0
+                self.chunked_encoding = True
+            elif name == b"connection" and b"close" in [token.lower().strip() for token in value.split(b",")]:
+                self.keep_alive = False
+                has_connection_close = True
+            content += (name, b": ", value, b"\r\n")
+        if not self.keep_alive and not has_connection_close:
+            content.append(b"connection: close\r\n")
+        if self.chunked_encoding is None and self.scope["method"] != "HEAD" and status_code not in (204, 304):
+            self.chunked_encoding = True
+            content.append(b"transfer-encoding: chunked\r\n")
+        content.append(b"\r\n")
+        self._head = b"".join(content)
+        self._head_flush = asyncio.get_running_loop().call_soon(self._write_head)
+
+    def _write_head(self) -> None:
+        head = self._take_head()
+        if head and not self.disconnected and not self.transport.is_closing():
+            self.transport.write(head)
+
+    async def _send_body(self, message: Any) -> None:
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        head = self._take_head()
+        body = message.get("body", b"")
+        more_body = message.get("more_body", False)
+        if self.scope["method"] == "HEAD":
+            self.expected_content_length = 0
+            body = b""
+        elif self.chunked_encoding:
+            body = b"".join((b"%x\r\n" % len(body), body, b"\r\n")) if body else b""
+            if not more_body:
+                body += b"0\r\n\r\n"
+        elif len(body) > self.expected_content_length:
+            self.transport.write(head)
+            raise RuntimeError("Response content longer than Content-Length")
+        else:
+            self.expected_content_length -= len(body)
+        if head or body:
+            self.transport.write(head + body if head else body)
+        if not more_body:
+            if self.expected_content_length != 0:
+                raise RuntimeError("Response content shorter than Content-Length")
+            self.response_complete = True
+            self.message_event.set()
+            if not self.keep_alive:
+                self.transport.close()
+            self.on_response()
+
+    def _take_head(self) -> bytes:
+        head, self._head = self._head, None
+        if self._head_flush is not None:
+            self._head_flush.cancel()
+            self._head_flush = None
+        return head or b""
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -102,6 +215,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = self.loop.call_later(
             self._limits.head_timeout_s, self._head_timeout
         )
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        cycle.__class__ = GatewayCycle  # uvicorn makes the cycle; its send is the gateway's (one write, above)
+        super()._start_asgi_task(cycle, app)
 
     # -- the head's size and count ----------------------------------------------------------------------------
 

@@ -62,3 +62,53 @@ def test_logging_is_told_not_to_collect_what_the_format_does_not_show() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.split() == ["None", "False", "False", "False"]
     assert done.stderr.rstrip().endswith("INFO gateway.access: x")
+
+
+def test_access_lines_written_directly_read_as_loggings_own() -> None:
+    """``serve``'s logging writes access lines straight to its handler's stream: the same line as through
+    ``logging`` (format, local time, milliseconds), and through ``logging`` again once anything else listens."""
+    import re
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, io; from gateway.cli import configure_logging; configure_logging(); "
+        "from gateway import recording; assert recording._direct is not None and recording._direct.usable(); "
+        "recording.emit_access_line('{\"a\":1}'); "
+        "logging.getLogger('gateway.access').info('%s', '{\"a\":1}'); "
+        "seen = io.StringIO(); extra = logging.StreamHandler(seen); "
+        "logging.getLogger('gateway.access').addHandler(extra); "
+        "assert not recording._direct.usable(); "
+        "recording.emit_access_line('{\"b\":2}'); "
+        "assert seen.getvalue() == '{\"b\":2}\\n', seen.getvalue()"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"
+    assert re.fullmatch(stamp + r' INFO gateway\.access: \{"a":1\}', lines[0]), lines
+    assert re.fullmatch(stamp + r' INFO gateway\.access: \{"a":1\}', lines[1]), lines
+    assert lines[0][:16] == lines[1][:16]  # the same local time, to the minute
+    assert re.fullmatch(stamp + r' INFO gateway\.access: \{"b":2\}', lines[2]), lines
+
+
+def test_access_lines_go_through_logging_for_a_set_up_that_is_not_serves() -> None:
+    import io
+    import logging
+
+    from gateway import recording
+
+    stream = io.StringIO()
+    custom = logging.StreamHandler(stream)
+    custom.setFormatter(logging.Formatter("%(name)s %(message)s"))
+    recording.write_access_lines_to(custom)  # another format: never written directly
+    assert recording._direct is None
+    plain = logging.StreamHandler(stream)
+    plain.setFormatter(logging.Formatter(recording.ACCESS_LINE_FORMAT))
+    recording.write_access_lines_to(plain)
+    try:
+        assert recording._direct is not None
+        assert not recording._direct.usable()  # not the root logger's handler here (pytest's are)
+    finally:
+        recording.write_access_lines_to(None)
+    assert recording._direct is None
