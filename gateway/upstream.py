@@ -353,6 +353,7 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.read_timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._last_read = 0.0  # when the read timer runs: the loop time of the last read
         self._reset()
 
     def _reset(self) -> None:
@@ -374,9 +375,8 @@ class _Conn(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # a TCP transport (uvloop's is no asyncio.Transport)
 
     def data_received(self, data: bytes) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = self.loop.call_later(self.read_timeout, self._timed_out)
+        if self._timer is not None:  # the silence counts from here (the timer re-arms itself for the rest)
+            self._last_read = self.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # pragma: no cover - providers do not upgrade
@@ -459,13 +459,20 @@ class _Conn(asyncio.Protocol):
         self.close()
 
     def _timed_out(self) -> None:
+        """One timer per response, not one per read: when it fires after bytes came, it waits out the rest of
+        the silence from the last read (as the server's head timer does)."""
+        deadline = self._last_read + self.read_timeout
+        if deadline > self.loop.time():
+            self._timer = self.loop.call_at(deadline, self._timed_out)
+            return
         self._timer = None
         self._fail(TimeoutError("no data from the provider within the read timeout"))
 
     def start_timer(self, seconds: float) -> None:
         self.read_timeout = seconds
         self._stop_timer()
-        self._timer = self.loop.call_later(seconds, self._timed_out)
+        self._last_read = self.loop.time()
+        self._timer = self.loop.call_at(self._last_read + seconds, self._timed_out)
 
     def _stop_timer(self) -> None:
         if self._timer is not None:
@@ -492,13 +499,19 @@ class _H1Response:
         self._done = False
         self._eof = False
 
+    def _take(self) -> bytes:
+        """What the connection holds of the body, handed on."""
+        body = self._conn.body
+        chunk = body.popleft() if len(body) == 1 else b"".join([body.popleft() for _ in range(len(body))])
+        self._conn.taken()
+        return chunk
+
     async def _raw(self) -> AsyncGenerator[bytes]:
         conn = self._conn
         body = conn.body
         while True:
             if body:
-                chunk = body.popleft() if len(body) == 1 else b"".join([body.popleft() for _ in range(len(body))])
-                conn.taken()
+                chunk = self._take()
                 yield chunk
                 continue
             if conn.complete:
@@ -510,19 +523,31 @@ class _H1Response:
             conn.waiter = None
 
     async def chunks(self) -> AsyncGenerator[bytes]:
+        # ``_raw``'s loop written out again rather than iterated: one generator per event fewer on a stream
+        conn = self._conn
+        body = conn.body
         decoder = self._decoder
-        raw = self._raw()
         try:
-            async for chunk in raw:
-                out = decoder.decompress(chunk) if decoder is not None else chunk
-                if out:
-                    yield out
+            while True:
+                if body:
+                    chunk = self._take()
+                    if decoder is not None:
+                        chunk = decoder.decompress(chunk)
+                    if chunk:
+                        yield chunk
+                    continue
+                if conn.complete:
+                    return
+                if conn.error is not None:
+                    raise conn.error
+                conn.waiter = conn.loop.create_future()
+                await conn.waiter
+                conn.waiter = None
         except (TimeoutError, ConnectionError, OSError, zlib.error) as exc:
             raise StreamInterrupted(
                 _describe(exc, "upstream stream broke off"), timeout=isinstance(exc, TimeoutError)
             ) from exc
         finally:
-            await raw.aclose()
             self._finish()
 
     async def read(self, limit: int | None = None) -> bytes:

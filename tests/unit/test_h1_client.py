@@ -232,3 +232,36 @@ def test_tls_is_verified_against_the_trust_store(tmp_path: Path) -> None:
         await system.aclose()
 
     serve(handler, test, server_ctx)
+
+
+def test_the_read_timeout_is_the_silence_since_the_last_read() -> None:
+    """One timer per response: bytes that keep coming keep the response alive past the timeout, and the
+    silence after the last of them is measured from it."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+        for _ in range(6):  # 1.2 s of reads, each 0.2 s after the last: four read timeouts in all
+            writer.write(b"x")
+            await writer.drain()
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(3)
+
+    async def test(url: str) -> None:
+        client = H1Client()
+        loop = asyncio.get_running_loop()
+        timeouts = Timeouts(connect=1.0, read=0.3)
+        response = await client.send("POST", f"{url}/trickle", headers={}, body=b"", timeouts=timeouts)
+        got = b""
+        last = loop.time()
+        with pytest.raises(StreamInterrupted) as info:
+            async for chunk in response.chunks():
+                got += chunk
+                last = loop.time()
+        silence = loop.time() - last
+        assert info.value.timeout
+        assert got == b"x" * 6  # nothing cut while bytes came
+        assert 0.28 <= silence < 0.3 + 0.2 + 0.25  # the last read's silence (it came 0.2 s before the sleep)
+        await client.aclose()
+
+    serve(handler, test)
