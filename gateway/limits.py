@@ -20,6 +20,7 @@ answers a spend limit).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -69,7 +70,14 @@ class CountersError(Exception):
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """RFC 3339 to the second, UTC (the API's ``anthropic-ratelimit-*-reset``): a window's end is the same
+    for every request in it, so the string is made once per second asked for, not once per request."""
+    return _iso_second(int(ts))
+
+
+@functools.lru_cache(maxsize=64)
+def _iso_second(second: int) -> str:
+    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def budget_window(per: str, now: float) -> tuple[str, float]:
