@@ -182,13 +182,18 @@ return m
 """
 
 
+STORE_TIMEOUT = 1.0  # seconds a Redis call (connect, or a script's round trip) may take before it counts as down
+
+
 class RedisCounters:
     """Counters in Redis (redis-py's asyncio client): shared by every worker and replica."""
 
     def __init__(self, url: str, prefix: str = "mgw:") -> None:
         import redis.asyncio as redis
 
-        self._redis: Any = redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        # The 1 s limit on each call is the gateway's own ``asyncio.timeout`` (``_call``): redis-py's
+        # ``socket_timeout`` wraps every send in ``asyncio.wait_for``, a task per command in Python 3.11.
+        self._redis: Any = redis.from_url(url, socket_timeout=None, socket_connect_timeout=STORE_TIMEOUT)
         self._prefix = prefix
         self._admit: Any = self._redis.register_script(_ADMIT)
         self._add: Any = self._redis.register_script(_ADD)
@@ -199,7 +204,10 @@ class RedisCounters:
         keys = [self._prefix + k for k, _ in checks] + [self._prefix + k for k, _, _ in adds]
         args = [len(checks), *(limit for _, limit in checks), *(a for _, a, _ in adds), *(t for _, _, t in adds)]
         try:
-            failed, values = await self._admit(keys=keys, args=args)
+            async with asyncio.timeout(STORE_TIMEOUT):
+                failed, values = await self._admit(keys=keys, args=args)
+        except TimeoutError:
+            raise CountersError(f"no answer from Redis within {STORE_TIMEOUT:g} s") from None
         except (redis.exceptions.RedisError, OSError) as exc:
             raise CountersError(str(exc)) from exc
         return int(failed), [float(v) for v in values]
@@ -209,7 +217,10 @@ class RedisCounters:
 
         try:
             keys = [self._prefix + key for key, _, _ in adds]
-            await self._add(keys=keys, args=[a for _, a, _ in adds] + [t for _, _, t in adds])
+            async with asyncio.timeout(STORE_TIMEOUT):
+                await self._add(keys=keys, args=[a for _, a, _ in adds] + [t for _, _, t in adds])
+        except TimeoutError:
+            raise CountersError(f"no answer from Redis within {STORE_TIMEOUT:g} s") from None
         except (redis.exceptions.RedisError, OSError) as exc:
             raise CountersError(str(exc)) from exc
 

@@ -151,3 +151,40 @@ def test_a_running_requests_tokens_reach_redis_within_the_delay_and_a_short_ones
             await limiter.aclose()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("policy", ["allow", "deny"])
+def test_a_redis_that_stops_answering_is_down_within_the_store_timeout(redis_server: Any, policy: str) -> None:
+    """A real redis-server frozen (SIGSTOP: the connection stays open, nothing answers): the call gives up after
+    ``STORE_TIMEOUT`` and the policy applies; thawed, the limiter counts again on a fresh connection."""
+    import os
+    import signal
+    import time
+
+    from gateway.limits import STORE_TIMEOUT
+
+    settings, keys, (a, _), errors = limiter_pair(redis_server.url, f"t4{policy}:", policy)
+
+    async def go() -> None:
+        lease, headers = await a.admit(settings, keys["ci"])
+        assert lease is not None and headers
+        assert redis_server.proc is not None
+        os.kill(redis_server.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            if policy == "allow":
+                lease, headers = await a.admit(settings, keys["ci"])
+                assert lease is not None and headers == {}
+            else:
+                with pytest.raises(LimitStoreDown):
+                    await a.admit(settings, keys["ci"])
+            waited = time.monotonic() - started
+            assert STORE_TIMEOUT * 0.9 <= waited < STORE_TIMEOUT + 1.0
+            assert errors
+        finally:
+            os.kill(redis_server.proc.pid, signal.SIGCONT)
+        lease, headers = await a.admit(settings, keys["ci"])
+        assert lease is not None and headers["anthropic-ratelimit-requests-limit"] == "10"
+        await a.aclose()
+
+    asyncio.run(go())
