@@ -27,8 +27,9 @@ _MAX_PDF_PAGES = 100
 _IMAGE_TOKENS = 1500
 _PDF_TOKENS = 1500
 _FILLER = "The mock keeps going with deterministic filler so the stream has the requested number of pieces."
-_INTRO = "Here is what the sources say:\n"
-_CLOSING = "\nThat is everything the mock found in the cited sources."
+_INTRO = "Here is what the sources say. "
+_BETWEEN = " "
+_CLOSING = " That is everything the mock found in the cited sources."
 # Sentence ends: terminal punctuation followed by whitespace, or a blank line (paragraph break).
 _BOUNDARY = re.compile(r"(?<=[.!?])\s+|\n[^\S\n]*\n\s*")
 _PIECE = re.compile(r"\s*\S+")
@@ -327,10 +328,20 @@ def mock_events(body: dict[str, Any], *, deltas: int = 12, message_id: str = "ms
     if not cites:
         blocks: list[tuple[str, int, list[dict[str, Any]]]] = [("", deltas, [])]
     else:
-        bodies = [_INTRO, *(f'- "{c.sentence}"\n' for c in cites), _CLOSING]
+        # As the API shapes a cited answer: uncited connecting text blocks, and one text block per cited claim
+        # (the claim's text, then its citation; no newline inside it), so the answer reads as one paragraph.
+        bodies: list[str] = [_INTRO]
+        cited: list[list[dict[str, Any]]] = [[]]
+        for i, c in enumerate(cites):
+            if i:
+                bodies.append(_BETWEEN)
+                cited.append([])
+            bodies.append(c.sentence)
+            cited.append([c.citation])
+        bodies.append(_CLOSING)
+        cited.append([])
         words = [len(b.split()) for b in bodies]
         shares = [max(1, round(deltas * w / sum(words))) for w in words]
-        cited: list[list[dict[str, Any]]] = [[], *([c.citation] for c in cites), []]
         blocks = list(zip(bodies, shares, cited, strict=True))
     for text, n, block_cites in blocks:
         chunks = _split(text, n) if text else _plain_answer(body, n)

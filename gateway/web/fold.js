@@ -3,9 +3,10 @@
 //
 //   message_start        the message; input and cache token counts (and the first output count)
 //   content_block_start  allocates block `index` (text, thinking, tool_use, server tool blocks ...)
-//   content_block_delta  text_delta appends; citations_delta pushes one citation and puts a numbered
-//                        marker at the current end of that block's text; thinking_delta / signature_delta /
-//                        input_json_delta accumulate
+//   content_block_delta  text_delta appends; citations_delta pushes one citation and gives the block a
+//                        numbered marker (recording the offset of the block's text it arrived at; the page
+//                        shows markers at the end of the block's text: citedText); thinking_delta /
+//                        signature_delta / input_json_delta accumulate
 //   content_block_stop   finalises the block (a tool_use block's input JSON is parsed here)
 //   message_delta        stop_reason; usage fields overwrite (cumulative counts, never added)
 //   message_stop         the answer is complete
@@ -189,18 +190,18 @@ export function finish(answer, now = 0, reason = "the stream ended before messag
   return fail(answer, "stream_ended", reason, now);
 }
 
-// A block's text cut at its markers: [{text}, {marker: n}, {text}, ...] in order, markers after the
-// text they follow (several at one offset keep their arrival order).
-export function segments(block) {
-  const out = [];
-  let at = 0;
-  for (const { n, offset } of block.markers) {
-    if (offset > at) out.push({ text: block.text.slice(at, offset) });
-    at = Math.max(at, offset);
-    out.push({ marker: n });
-  }
-  if (block.text.length > at) out.push({ text: block.text.slice(at) });
-  return out;
+// How a text block is shown: its text, then its citation markers, then the whitespace the text ends with —
+// {head, last, markers, tail}, where `last` is the text's last word, which the page keeps on one line with
+// the markers. A cited text block is one claim (the API gives each cited claim a text block of its own,
+// between uncited connecting blocks), so its markers belong at the end of its text, whether the
+// citations_delta came before the text (as the API's own streams send it), after it, or between two of
+// its text deltas; they stay there while the block's text grows. A block without citations is all `head`.
+export function citedText(block) {
+  const markers = block.markers.map((m) => m.n);
+  if (!markers.length) return { head: block.text, last: "", markers, tail: "" };
+  const text = block.text.replace(/\s+$/, "");
+  const last = /\S*$/.exec(text)[0];
+  return { head: text.slice(0, text.length - last.length), last, markers, tail: block.text.slice(text.length) };
 }
 
 function range(word, start, endExclusive) {

@@ -10,7 +10,7 @@ import {
   finish,
   foldEvent,
   newAnswer,
-  segments,
+  citedText,
 } from "./fold.js";
 
 const $ = (id) => document.getElementById(id);
@@ -220,7 +220,7 @@ function blockElement(index, block) {
       body.className = "thinking-text";
       el.append(summary, body);
     } else if (block.type === "text") {
-      el = document.createElement("div");
+      el = document.createElement("span"); // text blocks flow together: one paragraph of claims
       el.className = "block text";
     } else {
       el = document.createElement("div");
@@ -245,15 +245,21 @@ function renderBlock(index) {
   const el = blockElement(index, block);
   el.dataset.done = String(block.done);
   if (block.type === "text") {
-    // Parts only grow at the end (markers sit at the text's end when they arrive): update the last text
-    // node shown and append the rest, so a marker the reader is hovering is never rebuilt.
-    const parts = segments(block);
-    const nodes = el.childNodes;
-    const shown = nodes.length;
-    if (shown > 0 && nodes[shown - 1].nodeType === Node.TEXT_NODE) nodes[shown - 1].data = parts[shown - 1].text;
-    for (const part of parts.slice(shown)) {
-      el.append(part.marker ? marker(part.marker) : document.createTextNode(part.text));
+    // [head][last word + markers, kept on one line][trailing whitespace]: the markers sit right after the
+    // claim's last word, whichever order its text and citations came in; they are only ever appended, so a
+    // marker the reader is hovering is never rebuilt.
+    const { head, last, markers, tail } = citedText(block);
+    if (!el.firstChild) {
+      const end = document.createElement("span");
+      end.className = "claim-end";
+      end.append(document.createTextNode(""));
+      el.append(document.createTextNode(""), end, document.createTextNode(""));
     }
+    const [headNode, end, tailNode] = el.childNodes;
+    headNode.data = head;
+    end.firstChild.data = last;
+    tailNode.data = tail;
+    for (const n of markers.slice(end.childNodes.length - 1)) end.append(marker(n));
   } else if (block.type === "thinking") {
     el.querySelector(".thinking-text").textContent = block.thinking;
   } else if (block.type === "redacted_thinking") {

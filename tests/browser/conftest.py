@@ -105,6 +105,12 @@ models:
     targets: [{{provider: upstream, model: fake-error-midstream}}]
   claude-tools:
     targets: [{{provider: upstream, model: fake-tools}}]
+  claude-cites-before:
+    display_name: Citations before their text (as the API streams them)
+    targets: [{{provider: upstream, model: fake-citations}}]
+  claude-cites-after:
+    display_name: Citations after their text, two on one block, one inside a growing block
+    targets: [{{provider: upstream, model: fake-citations-after}}]
 """
 
 

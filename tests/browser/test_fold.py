@@ -30,7 +30,7 @@ FOLD = """async ({chunks, titles}) => {
   return {
     status: answer.status, error: answer.error, usage: answer.usage, stopReason: answer.stopReason,
     blocks: answer.blocks.map((b) => ({type: b.type, text: b.text, thinking: b.thinking, signature: b.signature,
-      input: b.input, start: b.start, markers: b.markers, done: b.done, segments: m.segments(b)})),
+      input: b.input, start: b.start, markers: b.markers, done: b.done, cited: m.citedText(b)})),
     citations: answer.citations,
     locations: answer.citations.map(m.citationLocation),
     sources: answer.citations.map((c) => m.citationSource(c, titles)),
@@ -90,11 +90,17 @@ def test_fold_equals_the_sdk_final_message(scenario: str, fold_page: Any) -> Non
             assert block["text"] == content["text"]
             mine = [strip(c) for c in got["citations"] if c["blockIndex"] == index]
             assert mine == content.get("citations", [])
-            # each marker at the end of the text that had arrived when its citations_delta came
-            assert [m["n"] for m in block["markers"]] == [
-                i + 1 for i, c in enumerate(got["citations"]) if c["blockIndex"] == index
-            ]
-            assert "".join(s.get("text", "") for s in block["segments"]) == content["text"]
+            numbers = [i + 1 for i, c in enumerate(got["citations"]) if c["blockIndex"] == index]
+            assert [m["n"] for m in block["markers"]] == numbers
+            # shown: the text, its markers after its last word, then the whitespace it ends with
+            cited = block["cited"]
+            assert cited["head"] + cited["last"] + cited["tail"] == content["text"]
+            assert cited["markers"] == numbers
+            if numbers:
+                assert cited["head"] + cited["last"] == content["text"].rstrip()
+                assert cited["last"] == (content["text"].split() or [""])[-1]
+            else:
+                assert (cited["last"], cited["tail"]) == ("", "")
         elif content["type"] == "thinking":
             assert (block["thinking"], block["signature"]) == (content["thinking"], content["signature"])
         elif content["type"] in ("tool_use", "server_tool_use"):
@@ -141,13 +147,8 @@ def test_citation_markers_sit_where_the_citation_arrived(fold_page: Any) -> None
     assert [(c["blockIndex"], c["offset"]) for c in got["citations"]] == want
     assert [(i, m["offset"]) for i, b in enumerate(got["blocks"]) for m in b["markers"]] == want
     for block in got["blocks"]:
-        # segments: the text cut at each marker, the marker after the text that preceded it
-        at = 0
-        for seg in block["segments"]:
-            if "marker" in seg:
-                assert got["citations"][seg["marker"] - 1]["offset"] == at
-            else:
-                at += len(seg["text"])
+        if block["markers"]:  # the API sends these citations before the text: shown after it all the same
+            assert block["cited"]["head"] + block["cited"]["last"] == block["text"].rstrip()
     char = next(i for i, c in enumerate(got["citations"]) if c["type"] == "char_location")
     c = got["citations"][char]
     assert got["locations"][char] == f"characters {c['start_char_index']}\u2013{c['end_char_index']}"
@@ -243,6 +244,41 @@ def test_sse_parser_multiline_data_comments_and_a_last_frame_without_its_blank_l
         }"""
     )
     assert result == [{"event": "a", "data": '{"x":\n1}'}, {"event": "b", "data": "2"}]
+
+
+STEPS = """async ({text}) => {
+  const m = await import('/ui/fold.js');
+  const answer = m.newAnswer();
+  const out = [];
+  for (const {data} of new m.SSEParser().push(text)) {
+    m.foldEvent(answer, JSON.parse(data));
+    out.push(answer.blocks.map((b) => b.type === 'text' ? {text: b.text, cited: m.citedText(b)} : null));
+  }
+  return out;
+}"""
+
+
+@pytest.mark.parametrize("scenario", ["fake-citations", "fake-citations-after"])
+def test_markers_stay_at_the_end_of_a_block_as_it_grows(fold_page: Any, scenario: str) -> None:
+    """After every event: each cited block shows its text whole, then all its markers so far (in arrival
+    order), then its trailing whitespace — for citations before, after and between the text deltas."""
+    text = (FIXTURES / f"{scenario}.sse").read_text("utf-8")
+    steps = fold_page.evaluate(STEPS, {"text": text})
+    grew_after_a_marker = 0
+    seen: dict[int, tuple[int, str]] = {}
+    for blocks in steps:
+        for index, block in enumerate(blocks):
+            if not block or not block["cited"]["markers"]:
+                continue
+            cited = block["cited"]
+            assert cited["head"] + cited["last"] + cited["tail"] == block["text"]
+            assert cited["head"] + cited["last"] == block["text"].rstrip()
+            assert cited["tail"].strip() == ""
+            before = seen.get(index)
+            if before and before[0] == len(cited["markers"]) and before[1] != block["text"]:
+                grew_after_a_marker += 1
+            seen[index] = (len(cited["markers"]), block["text"])
+    assert grew_after_a_marker  # the scenarios do grow a block that already has its marker
 
 
 def test_only_citations_are_reported_as_changing_the_sources(fold_page: Any) -> None:

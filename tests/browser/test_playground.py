@@ -12,6 +12,7 @@ import pytest
 
 from tests.browser.conftest import ARTIFACTS
 from tests.conftest import RunningGateway
+from tests.fakes.claude_api import final_message
 from tests.unit.test_mock_answer import make_pdf
 
 SOLAR = "Solar panels convert sunlight into electricity. They work best facing south. Output falls on cloudy days."
@@ -33,10 +34,67 @@ OBSERVE = """() => {
 }"""
 
 MARKERS = """() => [...document.querySelectorAll('#blocks .cite')].map((b) => {
-  const siblings = [...b.parentNode.childNodes];
-  const before = siblings.slice(0, siblings.indexOf(b)).filter((n) => n.nodeType === 3).map((n) => n.data).join('');
+  const block = b.closest('.block');
+  const range = document.createRange();
+  range.setStart(block, 0);
+  range.setEndBefore(b);
+  const before = range.toString().replace(/\\[\\d+\\]/g, '');
   return {n: Number(b.dataset.n), before, label: b.getAttribute('aria-label')};
 })"""
+
+LAYOUT = """() => [...document.querySelectorAll("#blocks [data-type='text']")].map((block) => {
+  // Measured on the page as laid out: where the block's last visible character is and where its markers
+  // are (whatever elements hold them).
+  const walker = document.createTreeWalker(block, NodeFilter.SHOW_TEXT,
+    {acceptNode: (n) => n.parentElement.closest('.cite') ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT});
+  let last = null;
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const i = n.data.search(/\\S\\s*$/);
+    if (i >= 0) last = {node: n, i};
+  }
+  const box = (r) => ({left: r.left, right: r.right, top: r.top, bottom: r.bottom});
+  let char = null;
+  if (last) {
+    const range = document.createRange();
+    range.setStart(last.node, last.i);
+    range.setEnd(last.node, last.i + 1);
+    const rects = range.getClientRects();
+    char = box(rects[rects.length - 1]);
+  }
+  const marks = [...block.querySelectorAll('.cite')].map(
+    (b) => ({n: Number(b.dataset.n), ...box(b.getBoundingClientRect())}));
+  return {index: Number(block.dataset.index), text: block.textContent.replace(/\\[\\d+\\]/g, ''), char, marks};
+})"""
+
+
+LINES = """() => {
+  // the lines the answer's text takes on the page (markers, raised, left out)
+  const tops = new Set();
+  const walker = document.createTreeWalker(document.getElementById('blocks'), NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (n.parentElement.closest('.cite') || !n.data.trim()) continue;
+    const range = document.createRange();
+    range.selectNodeContents(n);
+    for (const r of range.getClientRects()) tops.add(Math.round(r.top));
+  }
+  return tops.size;
+}"""
+
+
+def assert_markers_beside_their_claims(page: Any) -> list[dict[str, Any]]:
+    """Every cited text block, as rendered: its markers on the line of its last character, the first right
+    after it and each next right after the one before (no text, no line break between)."""
+    blocks = [b for b in page.evaluate(LAYOUT) if b["marks"]]
+    assert blocks
+    for block in blocks:
+        char = block["char"]
+        assert char is not None, block
+        previous_right = char["right"]
+        for mark in block["marks"]:
+            assert mark["top"] < char["bottom"] and mark["bottom"] > char["top"], ("not on its line", block)
+            assert -1 <= mark["left"] - previous_right <= 6, ("not next to its sentence", block)
+            previous_right = mark["right"]
+    return blocks
 
 
 def open_playground(page: Any, gw: RunningGateway, key: str = "ui-key") -> None:
@@ -115,10 +173,18 @@ def test_answer_streams_with_markers_in_order_hover_sources_and_usage(
     assert any(m["state"] == "streaming" and m["textLength"] < final_length for m in marks[1:])
     assert len({m["at"] for m in marks}) > 1  # not all at once (a loaded machine may coalesce a few reads)
 
-    # each marker sits right after the sentence it supports
+    # each marker sits right after the sentence it supports: in the text and on the page, on its line
     markers = page.evaluate(MARKERS)
     for marker, citation in zip(markers, citations, strict=True):
         assert " ".join(citation["cited_text"].split()) in " ".join(marker["before"].split())
+        assert marker["before"].rstrip().endswith(" ".join(citation["cited_text"].split()))
+    cited = assert_markers_beside_their_claims(page)
+    assert [m["n"] for b in cited for m in b["marks"]] == list(range(1, len(citations) + 1))
+    # one paragraph of claims: no line of its own for any sentence or marker
+    answer = page.evaluate("document.getElementById('blocks').textContent")
+    assert "\n" not in answer and answer.startswith("Here is what the sources say. ")
+    lines = page.evaluate(LINES)
+    assert lines < len(citations) + 2  # claims share lines (as a list, intro, claims and closing took one each)
 
     # hovering a marker previews its cited text and location; the source panel highlights its document
     for n, where in ((1, "characters "), (3, "block "), (len(citations), "page ")):
@@ -159,6 +225,47 @@ def test_answer_streams_with_markers_in_order_hover_sources_and_usage(
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.hover("#blocks .cite[data-n='1']")
     page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=True)
+
+
+REMOVED = """() => {
+  window.__removed = 0;
+  new MutationObserver((records) => {
+    for (const r of records) for (const node of r.removedNodes) {
+      if (node.nodeType === 1 && (node.classList.contains('cite') || node.querySelector('.cite'))) window.__removed++;
+    }
+  }).observe(document.getElementById('blocks'), {childList: true, subtree: true});
+}"""
+
+
+@pytest.mark.parametrize(
+    ("model", "scenario"),
+    [("claude-cites-before", "fake-citations"), ("claude-cites-after", "fake-citations-after")],
+)
+def test_markers_sit_beside_their_claims_whichever_order_the_stream_uses(
+    page: Any, ui_gateway: RunningGateway, model: str, scenario: str
+) -> None:
+    """The API's own order (each citations_delta before its block's text, one block with two), the mock's
+    (after the text, two on one block) and a citation between two text deltas of a block that keeps growing:
+    every marker lands right after its claim's last character, on the same line, and none is rebuilt."""
+    open_playground(page, ui_gateway)
+    page.evaluate(REMOVED)
+    ask(page, model)
+    want = final_message(scenario)["content"]
+    blocks = assert_markers_beside_their_claims(page)
+    cited = [i for i, c in enumerate(want) if c.get("citations")]
+    assert [b["index"] for b in blocks] == cited
+    for block in blocks:
+        content = want[block["index"]]
+        assert block["text"] == content["text"]
+        assert len(block["marks"]) == len(content["citations"])
+    assert any(len(b["marks"]) == 2 for b in blocks)  # two citations on one block
+    assert page.evaluate("window.__removed") == 0
+    numbers = [m["n"] for b in blocks for m in b["marks"]]
+    assert numbers == list(range(1, len(numbers) + 1))
+    if scenario == "fake-citations-after":  # the trailing newline of the last block comes after its text
+        assert page.evaluate("document.getElementById('blocks').textContent").endswith(".\n")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"playground-{scenario}.png"), full_page=True)
 
 
 def test_keyboard_focus_on_a_marker_shows_its_preview(page: Any, ui_gateway: RunningGateway) -> None:

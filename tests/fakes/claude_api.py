@@ -294,6 +294,34 @@ def _sc_citations(model: str) -> list[Event]:
     ]
 
 
+def _sc_citations_after(model: str) -> list[Event]:
+    """Cited blocks whose ``citations_delta`` comes after their text (the mock provider's order), two
+    citations on one block, and one between two text deltas of a block that keeps growing."""
+
+    def block(index: int, parts: list[str | dict[str, Any]]) -> list[Event]:
+        events = [_block_start(index, {"type": "text", "text": ""})]
+        for part in parts:
+            delta = (
+                {"type": "text_delta", "text": part}
+                if isinstance(part, str)
+                else {"type": "citations_delta", "citation": part}
+            )
+            events.append(_delta(index, delta))
+        return [*events, _block_stop(index)]
+
+    return [
+        _message_start(model, input_tokens=1536, cache_read=0),
+        *block(0, ["According to the sources, "]),
+        *block(1, ["the grass", " is green", _CITATION_CHAR]),
+        *block(2, [" and "]),
+        *block(3, ["the report covers", " 2019–2023", _CITATION_PAGE, _CITATION_BLOCK]),
+        *block(4, ["; "]),
+        *block(5, ["caching", _CITATION_SEARCH, " reduces latency", " for prompts that repeat"]),
+        *block(6, [".\n"]),
+        *_message_end("end_turn", 41),
+    ]
+
+
 def _sc_tools(model: str) -> list[Event]:
     weather = {
         "type": "tool_use",
@@ -446,6 +474,7 @@ _BUILDERS: dict[str, tuple[_Builder, Literal["complete", "error", "cut"], float]
     "fake-text": (_sc_text, "complete", 0.0),
     "fake-text-multibyte": (_sc_text_multibyte, "complete", 0.0),
     "fake-citations": (_sc_citations, "complete", 0.0),
+    "fake-citations-after": (_sc_citations_after, "complete", 0.0),
     "fake-tools": (_sc_tools, "complete", 0.0),
     "fake-thinking": (_sc_thinking, "complete", 0.0),
     "fake-server-tools": (_sc_server_tools, "complete", 0.0),

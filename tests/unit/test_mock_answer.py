@@ -307,12 +307,16 @@ def test_char_location_citations() -> None:
         assert data[c["start_char_index"] : c["end_char_index"]] == c["cited_text"]
         assert c["document_index"] == 0 and c["document_title"] == "Colours" and c["file_id"] is None
     assert cites[0]["cited_text"] == "Grass is green."
-    # intro block, one block per cited sentence, closing block; each cited block quotes its sentence
+    # as the API shapes a cited answer: an uncited intro, one block per cited claim (its sentence, no newline)
+    # with uncited connecting blocks between them, an uncited closing; together one paragraph
     blocks = message["content"]
-    assert "citations" not in blocks[0] and "citations" not in blocks[-1]
-    for block in blocks[1:-1]:
-        assert len(block["citations"]) == 1
-        assert " ".join(block["citations"][0]["cited_text"].split()) in block["text"]
+    assert ["citations" in b for b in blocks] == [False, *[True, False] * (len(cites) - 1), True, False]
+    for block in blocks:
+        assert "\n" not in block["text"]
+        if "citations" in block:
+            assert len(block["citations"]) == 1
+            assert block["text"] == " ".join(block["citations"][0]["cited_text"].split())
+    assert "".join(b["text"] for b in blocks).startswith("Here is what the sources say. Grass is green. ")
 
 
 def test_citations_delta_follows_text_deltas() -> None:
