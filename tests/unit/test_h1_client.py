@@ -241,16 +241,16 @@ def test_the_read_timeout_is_the_silence_since_the_last_read() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
-        for _ in range(6):  # 1.2 s of reads, each 0.2 s after the last: four read timeouts in all
+        for _ in range(6):  # 0.9 s of reads, each 0.15 s after the last: one and a half read timeouts
             writer.write(b"x")
             await writer.drain()
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.15)
         await asyncio.sleep(3)
 
     async def test(url: str) -> None:
         client = H1Client()
         loop = asyncio.get_running_loop()
-        timeouts = Timeouts(connect=1.0, read=0.3)
+        timeouts = Timeouts(connect=1.0, read=0.6)
         response = await client.send("POST", f"{url}/trickle", headers={}, body=b"", timeouts=timeouts)
         got = b""
         last = loop.time()
@@ -261,7 +261,7 @@ def test_the_read_timeout_is_the_silence_since_the_last_read() -> None:
         silence = loop.time() - last
         assert info.value.timeout
         assert got == b"x" * 6  # nothing cut while bytes came
-        assert 0.28 <= silence < 0.3 + 0.2 + 0.25  # the last read's silence (it came 0.2 s before the sleep)
+        assert 0.58 <= silence < 0.6 + 0.15 + 0.5  # the last read's silence (it came 0.15 s before the sleep)
         await client.aclose()
 
     serve(handler, test)
