@@ -499,50 +499,29 @@ class _H1Response:
         self._done = False
         self._eof = False
 
-    def _take(self) -> bytes:
-        """What the connection holds of the body, handed on."""
-        body = self._conn.body
-        chunk = body.popleft() if len(body) == 1 else b"".join([body.popleft() for _ in range(len(body))])
-        self._conn.taken()
-        return chunk
-
-    async def _raw(self) -> AsyncGenerator[bytes]:
+    async def _next(self) -> bytes | None:
+        """The body the connection holds, handed on as one chunk once there is some; ``None`` at its end."""
         conn = self._conn
         body = conn.body
-        while True:
-            if body:
-                chunk = self._take()
-                yield chunk
-                continue
+        while not body:
             if conn.complete:
-                return
+                return None
             if conn.error is not None:
                 raise conn.error
             conn.waiter = conn.loop.create_future()
             await conn.waiter
             conn.waiter = None
+        chunk = body.popleft() if len(body) == 1 else b"".join([body.popleft() for _ in range(len(body))])
+        conn.taken()
+        return chunk
 
     async def chunks(self) -> AsyncGenerator[bytes]:
-        # ``_raw``'s loop written out again rather than iterated: one generator per event fewer on a stream
-        conn = self._conn
-        body = conn.body
         decoder = self._decoder
         try:
-            while True:
-                if body:
-                    chunk = self._take()
-                    if decoder is not None:
-                        chunk = decoder.decompress(chunk)
-                    if chunk:
-                        yield chunk
-                    continue
-                if conn.complete:
-                    return
-                if conn.error is not None:
-                    raise conn.error
-                conn.waiter = conn.loop.create_future()
-                await conn.waiter
-                conn.waiter = None
+            while (chunk := await self._next()) is not None:
+                out = decoder.decompress(chunk) if decoder is not None else chunk
+                if out:
+                    yield out
         except (TimeoutError, ConnectionError, OSError, zlib.error) as exc:
             raise StreamInterrupted(
                 _describe(exc, "upstream stream broke off"), timeout=isinstance(exc, TimeoutError)
@@ -553,9 +532,8 @@ class _H1Response:
     async def read(self, limit: int | None = None) -> bytes:
         out = bytearray()
         decoder = self._decoder
-        raw = self._raw()
         try:
-            async for chunk in raw:
+            while (chunk := await self._next()) is not None:
                 if decoder is not None:
                     chunk = decoder.decompress(chunk, (limit + 1 - len(out)) if limit is not None else 0)
                     if decoder.unconsumed_tail:
@@ -569,7 +547,6 @@ class _H1Response:
         except (ConnectionError, OSError, zlib.error) as exc:
             raise UpstreamConnectionError(_describe(exc, "upstream response broke off")) from exc
         finally:
-            await raw.aclose()
             self._finish()
 
     def at_eof(self) -> bool:
