@@ -24,7 +24,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -107,7 +107,9 @@ class Counters(Protocol):
         ``adds``; and every checked counter's value before the adds."""
         ...
 
-    async def add(self, adds: Sequence[Add]) -> None: ...
+    def add(self, adds: Sequence[Add]) -> Awaitable[None]:
+        """Apply ``adds``; a future (or a coroutine) whose failure is the store's error."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -186,43 +188,35 @@ STORE_TIMEOUT = 1.0  # seconds a Redis call (connect, or a script's round trip) 
 
 
 class RedisCounters:
-    """Counters in Redis (redis-py's asyncio client): shared by every worker and replica."""
+    """Counters in Redis (or Valkey): shared by every worker and replica. One pipelined connection of the
+    gateway's own client (``gateway.resp``: ``asyncio.Protocol`` + ``hiredis``), each call one ``EVALSHA``."""
 
     def __init__(self, url: str, prefix: str = "mgw:") -> None:
-        import redis.asyncio as redis
+        from gateway.resp import RedisClient, Script
 
-        # The 1 s limit on each call is the gateway's own ``asyncio.timeout`` (``_call``): redis-py's
-        # ``socket_timeout`` wraps every send in ``asyncio.wait_for``, a task per command in Python 3.11.
-        self._redis: Any = redis.from_url(url, socket_timeout=None, socket_connect_timeout=STORE_TIMEOUT)
+        self._redis = RedisClient(url, timeout=STORE_TIMEOUT)
         self._prefix = prefix
-        self._admit: Any = self._redis.register_script(_ADMIT)
-        self._add: Any = self._redis.register_script(_ADD)
+        self._admit = Script(_ADMIT)
+        self._add = Script(_ADD)
 
     async def admit(self, checks: Sequence[Check], adds: Sequence[Add]) -> tuple[int, list[float]]:
-        import redis.exceptions
+        from gateway.resp import RedisUnavailable, ReplyError
 
-        keys = [self._prefix + k for k, _ in checks] + [self._prefix + k for k, _, _ in adds]
+        prefix = self._prefix
+        keys = [prefix + k for k, _ in checks] + [prefix + k for k, _, _ in adds]
         args = [len(checks), *(limit for _, limit in checks), *(a for _, a, _ in adds), *(t for _, _, t in adds)]
         try:
-            async with asyncio.timeout(STORE_TIMEOUT):
-                failed, values = await self._admit(keys=keys, args=args)
-        except TimeoutError:
-            raise CountersError(f"no answer from Redis within {STORE_TIMEOUT:g} s") from None
-        except (redis.exceptions.RedisError, OSError) as exc:
+            failed, values = await self._redis.evalsha(self._admit, keys, args)
+        except (RedisUnavailable, ReplyError) as exc:
             raise CountersError(str(exc)) from exc
         return int(failed), [float(v) for v in values]
 
-    async def add(self, adds: Sequence[Add]) -> None:
-        import redis.exceptions
-
-        try:
-            keys = [self._prefix + key for key, _, _ in adds]
-            async with asyncio.timeout(STORE_TIMEOUT):
-                await self._add(keys=keys, args=[a for _, a, _ in adds] + [t for _, _, t in adds])
-        except TimeoutError:
-            raise CountersError(f"no answer from Redis within {STORE_TIMEOUT:g} s") from None
-        except (redis.exceptions.RedisError, OSError) as exc:
-            raise CountersError(str(exc)) from exc
+    def add(self, adds: Sequence[Add]) -> Awaitable[None]:
+        """Sent at once; the future fails with the store's error (the limiter counts it, nothing waits on it)."""
+        prefix = self._prefix
+        return self._redis.evalsha(
+            self._add, [prefix + key for key, _, _ in adds], [a for _, a, _ in adds] + [t for _, _, t in adds]
+        )
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -287,7 +281,7 @@ class Limiter:
         self._policy = on_store_error
         self._store_errors = store_errors
         self._logged_at = 0.0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._sent: set[asyncio.Future[Any]] = set()  # settlements and flushes under way
         self._waiting: set[Lease] = set()  # leases with counts not yet sent to shared counters
         self._flush_at: asyncio.TimerHandle | None = None
 
@@ -444,17 +438,19 @@ class Limiter:
         self._send(adds)
 
     def _send(self, adds: list[Add]) -> None:
-        task = asyncio.get_running_loop().create_task(self._add(adds))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """Off the request path: a future the store settles (no task), or a task for a coroutine."""
+        sent = self.counters.add(adds)
+        if not asyncio.isfuture(sent):
+            sent = asyncio.get_running_loop().create_task(_awaited(sent))
+        self._sent.add(sent)
+        sent.add_done_callback(self._done)
 
-    async def _add(self, adds: list[Add]) -> None:
-        try:
-            await self.counters.add(adds)
-        except CountersError as exc:
+    def _done(self, sent: asyncio.Future[Any]) -> None:
+        self._sent.discard(sent)
+        if not sent.cancelled() and (exc := sent.exception()) is not None:
             self._store_error(exc)
 
-    def _store_error(self, exc: Exception) -> None:
+    def _store_error(self, exc: BaseException) -> None:
         if self._store_errors is not None:
             self._store_errors()
         now = time.monotonic()
@@ -466,9 +462,13 @@ class Limiter:
         if self._flush_at is not None:
             self._flush_at.cancel()
             self._flush()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._sent:
+            await asyncio.gather(*self._sent, return_exceptions=True)
         await self.counters.aclose()
+
+
+async def _awaited(sent: Awaitable[None]) -> None:
+    await sent
 
 
 def _who(scope: str) -> str:

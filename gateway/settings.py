@@ -138,6 +138,12 @@ class DefaultLimits(LimitSettings, frozen=True, kw_only=True):
     redis_url: str | None = None
     on_store_error: Literal["allow", "deny"] = "allow"
 
+    def __post_init__(self) -> None:
+        if self.redis_url is not None:
+            from gateway.resp import parse_url
+
+            parse_url(self.redis_url)  # ValueError: what is wrong with it
+
 
 class TeamSettings(_Strict, frozen=True, kw_only=True):
     limits: LimitSettings | None = None

@@ -20,6 +20,7 @@ class RedisServer:
     port: int
     root: Path
     proc: subprocess.Popen[bytes] | None = field(default=None)
+    extra: tuple[str, ...] = ()  # more redis-server options (--requirepass, --unixsocket …)
 
     @property
     def url(self) -> str:
@@ -39,6 +40,7 @@ class RedisServer:
                 "no",
                 "--dir",
                 str(self.root),
+                *self.extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -48,7 +50,7 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
                     conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
+                    if conn.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                         return
             except OSError:
                 time.sleep(0.05)
@@ -61,9 +63,9 @@ class RedisServer:
         self.proc = None
 
 
-def start_redis() -> RedisServer:
+def start_redis(*extra: str) -> RedisServer:
     if shutil.which("redis-server") is None:
         raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
-    server = RedisServer(free_port(), Path(tempfile.mkdtemp(prefix="gateway-redis-")))
+    server = RedisServer(free_port(), Path(tempfile.mkdtemp(prefix="gateway-redis-")), extra=extra)
     server.start()
     return server

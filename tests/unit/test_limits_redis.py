@@ -188,3 +188,33 @@ def test_a_redis_that_stops_answering_is_down_within_the_store_timeout(redis_ser
         await a.aclose()
 
     asyncio.run(go())
+
+
+def test_a_settlement_redis_cannot_take_is_counted_as_a_store_error_without_a_task(redis_server: Any) -> None:
+    """The settlement is sent at once on the client's connection (a future, no task per request); when Redis has
+    gone it fails and ``gateway_limit_store_errors_total`` counts it."""
+    settings, keys, (a, _), errors = limiter_pair(redis_server.url, "t5:")
+
+    async def go() -> None:
+        lease, _ = await a.admit(settings, keys["ci"])
+        assert lease is not None
+        tasks = len(asyncio.all_tasks())
+        lease.settle(5, None)
+        assert len(asyncio.all_tasks()) == tasks and len(a._sent) == 1
+        await asyncio.gather(*a._sent)
+        assert not errors
+        lease, _ = await a.admit(settings, keys["ci"])
+        assert lease is not None
+        redis_server.stop()
+        try:
+            lease.settle(5, None)
+            for _ in range(100):
+                if errors:
+                    break
+                await asyncio.sleep(0.02)
+            assert errors == [1] and not a._sent
+        finally:
+            redis_server.start()
+        await a.aclose()
+
+    asyncio.run(go())

@@ -1,0 +1,209 @@
+"""The gateway's own Redis client (``gateway.resp``) against a real ``redis-server``: pipelined replies in order,
+scripts by SHA-1 with the text sent when the server has forgotten them, AUTH and SELECT from the URL, a Unix
+socket; and against servers written here that accept and never answer, or hang up mid-call."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvloop
+
+from gateway.resp import Endpoint, RedisClient, RedisUnavailable, ReplyError, Script, parse_url
+from gateway.settings import ConfigError, parse_settings
+from tests.redis_server import start_redis
+
+
+def run(coro: Any) -> Any:
+    return uvloop.run(coro)  # the gateway's loop (uvloop's transports are not asyncio.Transport subclasses)
+
+
+@pytest.mark.parametrize(
+    ("url", "endpoint"),
+    [
+        ("redis://127.0.0.1:6380/2", Endpoint(port=6380, db=2)),
+        ("redis://redis", Endpoint(host="redis")),
+        ("redis://:s%40cret@redis:6379/0", Endpoint(host="redis", password="s@cret")),
+        ("redis://gw:pw@redis/3", Endpoint(host="redis", username="gw", password="pw", db=3)),
+        ("rediss://cache.example:6390", Endpoint(host="cache.example", port=6390, tls=True)),
+        ("redis://redis:6379?db=4", Endpoint(host="redis", db=4)),
+        ("unix:///run/redis.sock?db=1", Endpoint(path="/run/redis.sock", db=1)),
+        ("redis://[::1]:6379/0", Endpoint(host="::1")),
+    ],
+)
+def test_urls_are_read_as_redis_py_reads_them(url: str, endpoint: Endpoint) -> None:
+    assert parse_url(url) == endpoint
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://redis:6379", "must start with redis://"),
+        ("redis://redis:6379/x", "must be numbers"),
+        ("redis://redis:port", "must be numbers"),
+        ("redis://redis/0?socket_timeout=1", "unsupported parameter"),
+        ("unix://", "needs a socket path"),
+        ("redis:///0", "no host"),
+    ],
+)
+def test_a_url_it_cannot_use_is_refused_when_the_config_is_read(url: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        parse_url(url)
+    with pytest.raises(ConfigError, match=says):
+        parse_settings(f'limits: {{redis_url: "{url}", requests_per_minute: 5}}')
+
+
+def test_many_calls_under_way_at_once_each_get_their_own_reply(redis_server: Any) -> None:
+    async def go() -> None:
+        client = RedisClient(redis_server.url)
+        echo = Script("return {KEYS[1], ARGV[1]}")
+        replies = await asyncio.gather(
+            *(client.evalsha(echo, [f"k{i}"], [i]) if i % 2 else client.call("ECHO", f"v{i}") for i in range(500))
+        )
+        assert replies == [[f"k{i}".encode(), str(i).encode()] if i % 2 else f"v{i}".encode() for i in range(500)]
+        with pytest.raises(ReplyError, match="unknown command"):
+            await client.call("NO-SUCH-COMMAND")
+        assert await client.call("PING") == b"PONG"  # an error reply leaves the connection as it was
+        await client.aclose()
+        with pytest.raises(RedisUnavailable, match="closed"):
+            await client.call("PING")
+
+    run(go())
+
+
+def test_a_script_the_server_forgot_is_sent_whole_and_the_reply_is_the_same(redis_server: Any) -> None:
+    async def go() -> None:
+        client = RedisClient(redis_server.url)
+        script = Script("return tonumber(ARGV[1]) * 2")
+        assert await client.call("SCRIPT", "FLUSH") == b"OK"
+        assert await client.call("SCRIPT", "EXISTS", script.sha) == [0]
+        assert await asyncio.gather(*(client.evalsha(script, [], [i]) for i in range(5))) == [0, 2, 4, 6, 8]
+        assert await client.call("SCRIPT", "EXISTS", script.sha) == [1]
+        evals = await _calls(client, "eval")
+        evalshas = await _calls(client, "evalsha")
+        assert await client.evalsha(script, [], [21]) == 42
+        assert await _calls(client, "eval") == evals  # known now: its SHA-1 alone
+        assert await _calls(client, "evalsha") == evalshas + 1
+        await client.aclose()
+
+    run(go())
+
+
+async def _calls(client: RedisClient, command: str) -> int:
+    stats = (await client.call("INFO", "commandstats")).decode()
+    line = next(x for x in stats.splitlines() if x.startswith(f"cmdstat_{command}:"))
+    return int(line.split("calls=")[1].split(",")[0])
+
+
+def test_auth_and_select_from_the_url_and_a_wrong_password_fails_every_call() -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = start_redis("--requirepass", "s3cret")
+    try:
+
+        async def go() -> None:
+            good = RedisClient(f"redis://:s3cret@127.0.0.1:{server.port}/5")
+            assert await good.call("SET", "here", "yes") == b"OK"
+            other = RedisClient(f"redis://default:s3cret@127.0.0.1:{server.port}/0")
+            assert await other.call("GET", "here") is None  # database 0, not 5
+            assert await other.call("SELECT", 5) == b"OK"
+            assert await other.call("GET", "here") == b"yes"
+            bad = RedisClient(f"redis://:wrong@127.0.0.1:{server.port}/0")
+            results = await asyncio.gather(bad.call("PING"), bad.call("PING"), return_exceptions=True)
+            assert all(isinstance(r, RedisUnavailable) and "set-up" in str(r) for r in results), results
+            none = RedisClient(f"redis://127.0.0.1:{server.port}/0")
+            with pytest.raises(ReplyError, match="NOAUTH"):
+                await none.call("PING")
+            for client in (good, other, bad, none):
+                await client.aclose()
+
+        run(go())
+    finally:
+        server.stop()
+
+
+def test_a_unix_socket() -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    sock = Path(tempfile.mkdtemp(prefix="gateway-redis-sock-")) / "redis.sock"
+    server = start_redis("--unixsocket", str(sock))
+    try:
+
+        async def go() -> None:
+            client = RedisClient(f"unix://{sock}?db=2")
+            assert await client.call("SET", "k", "v") == b"OK"
+            assert await client.call("CLIENT", "INFO") != b""
+            await client.aclose()
+
+        run(go())
+    finally:
+        server.stop()
+
+
+class _Silent(asyncio.Protocol):
+    """Accepts, reads, never answers; or answers the first command and then hangs up."""
+
+    hang_up = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.hang_up:
+            self.transport.close()
+
+
+def test_a_server_that_never_answers_fails_every_call_under_way_within_the_timeout_then_it_connects_again() -> None:
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        connections: list[_Silent] = []
+
+        def made() -> _Silent:
+            connections.append(_Silent())
+            return connections[-1]
+
+        server = await loop.create_server(made, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = RedisClient(f"redis://127.0.0.1:{port}/0", timeout=0.3)
+        started = time.monotonic()
+        first = client.call("PING")
+        await asyncio.sleep(0.1)
+        second = client.call("PING")  # asked later, failed with the first: the connection is given up
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        waited = time.monotonic() - started
+        assert all(isinstance(r, RedisUnavailable) and "within 0.3 s" in str(r) for r in results), results
+        assert 0.27 <= waited < 0.3 + 0.5
+        assert len(connections) == 1
+        _Silent.hang_up = True
+        try:
+            with pytest.raises(RedisUnavailable, match="closed the connection"):
+                await client.call("PING")  # a fresh connection, which the server closes mid-call
+        finally:
+            _Silent.hang_up = False
+        assert len(connections) == 2
+        assert client._timer is None and not client._pending
+        await client.aclose()
+        server.close()
+        await server.wait_closed()
+
+    run(go())
+
+
+def test_nothing_listening_fails_at_once() -> None:
+    from tests.net import free_port
+
+    async def go() -> None:
+        client = RedisClient(f"redis://127.0.0.1:{free_port()}/0", timeout=5)
+        started = time.monotonic()
+        with pytest.raises(RedisUnavailable, match="cannot connect"):
+            await client.call("PING")
+        assert time.monotonic() - started < 1
+        assert client._timer is None and not client._pending
+        await client.aclose()
+
+    run(go())
