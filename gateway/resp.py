@@ -17,6 +17,7 @@ way on it (``RedisUnavailable``); the next call connects again. A call is a futu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import ssl
 from collections import deque
@@ -157,9 +158,11 @@ class RedisClient:
         return self._send(hiredis.pack_command((b"EVALSHA", script.sha, *tail)), (b"EVAL", script.text, *tail))
 
     def _send(self, packed: bytes, fallback: tuple[Any, ...] | None) -> asyncio.Future[Any]:
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # first use, or a new event loop (a test's): nothing of the old one is usable
+            if self._loop is not None:
+                self._forget_loop()
+            self._loop = loop
         future: asyncio.Future[Any] = loop.create_future()
         if self._closed:
             future.set_exception(RedisUnavailable("the Redis client is closed"))
@@ -276,6 +279,13 @@ class RedisClient:
         for future, _, _ in pending:
             if future is not None and not future.done():
                 future.set_exception(error)
+
+    def _forget_loop(self) -> None:
+        conn, self._conn, self._connecting, self._timer = self._conn, None, None, None
+        self._pending, self._queued = deque(), []
+        if conn is not None and conn.transport is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is closed
+                conn.transport.abort()
 
     async def aclose(self) -> None:
         self._closed = True

@@ -207,3 +207,14 @@ def test_nothing_listening_fails_at_once() -> None:
         await client.aclose()
 
     run(go())
+
+
+def test_a_client_used_from_a_second_event_loop_connects_again_there(redis_server: Any) -> None:
+    client = RedisClient(redis_server.url)
+
+    async def ping() -> Any:
+        return await client.call("PING")
+
+    assert run(ping()) == b"PONG"
+    assert run(ping()) == b"PONG"  # the first loop (and its connection) is gone
+    assert asyncio.run(ping()) == b"PONG"
