@@ -487,8 +487,18 @@ def _load(s: Scenario, opts: Options, **over: Any) -> Load:
     return Load(**kw)
 
 
+def _floor_runs(s: Scenario) -> bool:
+    """The floor (``--floor``) forwards Messages requests to the fake's Claude API route: the scenarios of that
+    shape whose CPU and time to first token the issue's targets name."""
+    return s.kind in ("burst", "paced", "json", "ttft") and s.shape == "messages" and not s.model.startswith("bedrock")
+
+
 def _targets(system: System, s: Scenario) -> list[str]:
-    return [name for name in system.suts if name == "gateway" or (name == "litellm" and s.litellm)]
+    return [
+        name
+        for name in system.suts
+        if name == "gateway" or (name == "litellm" and s.litellm) or (name == "floor" and _floor_runs(s))
+    ]
 
 
 async def run_scenario(system: System, s: Scenario, opts: Options) -> dict[str, Any]:
@@ -688,6 +698,34 @@ def _summary_table(results: list[dict[str, Any]], name: str) -> list[str]:
     return lines
 
 
+def _floor_table(results: list[dict[str, Any]]) -> list[str]:
+    """The gateway against the floor measured in the same run: the features' cost over a bare pass-through."""
+    lines = [
+        "## The gateway vs the floor (a bare Python pass-through, same run)",
+        "",
+        "`bench/floor.py`: uvicorn + the gateway's own upstream client, the bytes forwarded unchanged, no checks. "
+        "Gateway minus floor: what its features cost per unit; gateway / floor: how far it is from the floor.",
+        "",
+        "| scenario | gateway CPU | floor CPU | difference | gateway / floor | added TTFT p50 (gw / floor) |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for entry in results:
+        if "floor" not in entry["phases"]:
+            continue
+        g, f = entry["phases"]["gateway"], entry["phases"]["floor"]
+        key, unit, digits = (
+            ("cpu_us_per_event", " µs/event", 1) if entry["per"] == "event" else ("cpu_ms_per_request", " ms", 3)
+        )
+        gc, fc = g.get(key), f.get(key)
+        added = [_headline(entry, name)[5] for name in ("gateway", "floor")]
+        lines.append(
+            f"| {entry['scenario']} | {_fmt(gc, unit, digits)} | {_fmt(fc, unit, digits)} "
+            f"| {_fmt(gc - fc if gc is not None and fc is not None else None, unit, digits)} "
+            f"| {f'{gc / fc:.2f}x' if gc and fc else '—'} | {added[0]} / {added[1]} |"
+        )
+    return lines
+
+
 def _busy(phase: dict[str, Any]) -> str:
     busy = _fmt(phase.get("core_busy_pct"), "%", 0)
     kernel = phase.get("kernel_pct_of_cpu")
@@ -796,6 +834,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"{_fmt(g.get('rss_peak_mb'), ' MB')} (sampled {_fmt(g.get('rss_peak_sampled_mb'), ' MB')}, "
                 f"VmHWM {_fmt(g.get('rss_hwm_mb'), ' MB')})."
             )
+    if any("floor" in entry["phases"] for entry in results):
+        out += ["", *_floor_table(results)]
     if "litellm" in report:
         out += ["", "## LiteLLM proxy vs direct (same load)", ""]
         lt = report["litellm"]
@@ -866,7 +906,9 @@ def _raise_nofile(target: int = 65536) -> None:
 
 def _concurrent(procs: list[Proc]) -> list[str]:
     mine = procstat.ancestors(os.getpid()) | {pid for proc in procs if proc.alive() for pid in proc.pids(max_age=0.0)}
-    return procstat.others_like(("bench.run", "bench.upstream", "messages-gateway serve", "litellm --config"), mine)
+    return procstat.others_like(
+        ("bench.run", "bench.upstream", "bench.floor", "messages-gateway serve", "litellm --config"), mine
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -879,6 +921,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"names or globs, comma or space separated (default: all): {DEFAULT}",
     )
     parser.add_argument("--litellm", action="store_true", help="also run burst/json/ttft through LiteLLM's proxy")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run burst/paced/json/ttft through a bare Python pass-through (bench/floor.py) on the gateway's core",
+    )
     parser.add_argument("--upstream-client", choices=("aiohttp", "h1", "httpx", "httpx-aiohttp"), default=None)
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (--workers)")
     parser.add_argument("--soak-seconds", type=float, default=None, help="soak length (default 600; --quick 20)")
@@ -935,6 +982,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ttft_requests=args.ttft_requests,
         litellm=args.litellm,
     )
+    floor_requested = args.floor and any(_floor_runs(s) for s in scenarios)
     cores = os.cpu_count() or 1
     pin = cores >= 2 and not args.no_pin
     load_cpu, gw_cpu = (args.load_cpu, args.gateway_cpu) if pin else (None, None)
@@ -1010,6 +1058,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print("[bench] WARNING: another benchmark or gateway is running; figures will be disturbed:")
             print("\n".join(f"[bench]   {c}" for c in sorted(concurrent)))
         print(f"[bench] upstream :{up_port} (pid {upstream.pid}), gateway :{gw_port} (pid {gateway.pid}); logs {work}")
+        if floor_requested:
+            fl_port = _free_port()
+            floor = Proc(
+                "floor",
+                [sys.executable, "-m", "bench.floor", "--port", str(fl_port), "--upstream", f"http://{HOST}:{up_port}"],
+                work / "floor.log",
+                cpu=gw_cpu,
+                env=child_env(),
+            )
+            procs.append(floor)
+            floor.start()
+            await wait_ready(floor, fl_port, "/healthz", 30.0)
+            system.suts["floor"] = (floor, Target("floor", HOST, fl_port))
+            print(f"[bench] floor (a bare pass-through) :{fl_port} (pid {floor.pid})")
         if opts.litellm:
             from bench import litellm
 
