@@ -8,6 +8,9 @@ once, as ioredis and redis-py's own pipelines use it), a Lua script by its SHA-1
 the server has not seen it (``NOSCRIPT``, e.g. after a restart), ``AUTH`` and ``SELECT`` from the URL, TLS for
 ``rediss://``, a Unix socket for ``unix://``.
 
+Commands asked in one turn of the event loop go out in one write at its end (ioredis's auto-pipelining): under
+load, admissions and settlements of several requests share a system call, and their replies a read.
+
 Timeouts: one timer per connection while anything is unanswered, not one per call. A command that has waited
 ``timeout`` seconds (for the connection, or for its reply) fails the connection and with it every command under
 way on it (``RedisUnavailable``); the next call connects again. A call is a future, so a caller that needs no answer
@@ -137,6 +140,7 @@ class RedisClient:
         self._conn: _Connection | None = None  # connected
         self._connecting: asyncio.Task[None] | None = None
         self._queued: list[bytes] = []  # packed while connecting
+        self._out: list[bytes] = []  # packed in this loop turn, written together at its end
         self._pending: deque[_Pending] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -174,7 +178,10 @@ class RedisClient:
         self._pending.append(pending)
         conn = self._conn
         if conn is not None and conn.transport is not None:
-            conn.transport.write(packed)
+            self._out.append(packed)
+            if len(self._out) == 1:  # the first of this loop turn: written with the others at its end
+                assert self._loop is not None
+                self._loop.call_soon(self._write, conn)
         else:
             self._queued.append(packed)
             if self._connecting is None:
@@ -183,6 +190,12 @@ class RedisClient:
         if self._timer is None:
             assert self._loop is not None
             self._timer = self._loop.call_at(pending[1] + self.timeout, self._check_time)
+
+    def _write(self, conn: _Connection) -> None:
+        if conn is not self._conn or conn.transport is None:
+            return  # the connection failed meanwhile, and these commands with it (_fail)
+        out, self._out = self._out, []
+        conn.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     # -- the connection ----------------------------------------------------------------------------------------
 
@@ -272,7 +285,7 @@ class RedisClient:
 
     def _fail(self, error: RedisUnavailable) -> None:
         pending, self._pending = self._pending, deque()
-        self._queued = []
+        self._queued, self._out = [], []
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -282,7 +295,7 @@ class RedisClient:
 
     def _forget_loop(self) -> None:
         conn, self._conn, self._connecting, self._timer = self._conn, None, None, None
-        self._pending, self._queued = deque(), []
+        self._pending, self._queued, self._out = deque(), [], []
         if conn is not None and conn.transport is not None:
             with contextlib.suppress(RuntimeError):  # its loop is closed
                 conn.transport.abort()

@@ -218,3 +218,25 @@ def test_a_client_used_from_a_second_event_loop_connects_again_there(redis_serve
     assert run(ping()) == b"PONG"
     assert run(ping()) == b"PONG"  # the first loop (and its connection) is gone
     assert asyncio.run(ping()) == b"PONG"
+
+
+def test_commands_asked_in_one_loop_turn_go_out_in_one_write(redis_server: Any) -> None:
+    """ioredis's auto-pipelining: what several requests ask in the same turn shares one system call."""
+
+    async def go() -> None:
+        client = RedisClient(redis_server.url)
+        assert await client.call("PING") == b"PONG"
+        assert client._conn is not None and client._conn.transport is not None
+        transport = client._conn.transport  # asyncio's own transport (this test runs on asyncio's loop)
+        writes: list[bytes] = []
+        write = transport.write
+        transport.write = lambda data: (writes.append(bytes(data)), write(data))[1]  # type: ignore[method-assign]
+        replies = await asyncio.gather(*(client.call("ECHO", str(i)) for i in range(20)))
+        assert replies == [str(i).encode() for i in range(20)]
+        assert len(writes) == 1 and writes[0].count(b"ECHO") == 20
+        client.call("SET", "a", "1")  # asked and forgotten (a settlement): still written at the turn's end
+        assert await client.call("GET", "a") == b"1"
+        assert len(writes) == 2
+        await client.aclose()
+
+    asyncio.run(go())
