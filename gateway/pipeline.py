@@ -336,11 +336,15 @@ def _check(batch: Batch, validator: StreamValidator, metrics: Metrics, provider:
 def _track(views: list[EventView], sent: int, tally: UsageTally, metrics: Metrics, provider: str) -> None:
     """Fold the events that go out into the tally (cheap: only the first delta and the usage-bearing events are
     observed); count event types the gateway does not know."""
+    seen = None  # a delta already handled: the same view again (the decode's cache shares them) needs nothing
     for view in views if sent == len(views) else views[:sent]:
+        if view is seen:
+            continue
         etype = view.type
         if etype == "content_block_delta":
             if tally.first_token_at is None:
                 tally.observe(view)
+            seen = view
         elif etype in _KNOWN:
             tally.observe(view)
         else:

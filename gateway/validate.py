@@ -142,16 +142,23 @@ class StreamValidator:
     def check_all(self, views: list[EventView]) -> int:
         """Check a batch in order. Returns how many of its events may go out: all of them, or up to and
         including a terminal event. Raises ``Violation`` with ``at`` = the offending event's position.
-        The common event (one more delta of the open block) is checked inline, without a call."""
+        The common event (one more delta of the open block) is checked inline, without a call, and not again
+        when the next view is the very same object (views are immutable once decoded, and the check of a delta
+        changes no state)."""
         block = State.BLOCK
+        passed = None  # the last view that passed inline: the same object again passes too (nothing changed)
         for i, view in enumerate(views):
+            if view is passed:  # the partial decode's cache gives a block's deltas one shared view
+                continue
             if (
                 view.type == "content_block_delta"
                 and self.state is block
                 and view.index == self.open_index
                 and (view.delta is None or view.delta.type not in self.forbidden)
             ):
+                passed = view
                 continue
+            passed = None
             try:
                 self.check(view)
             except Violation as violation:

@@ -198,3 +198,22 @@ def test_an_unknown_type_that_is_a_name_passes(etype: str) -> None:
     v = validator_in(State.BLOCK)
     v.check(view(etype))
     assert v.state is State.BLOCK
+
+
+def test_a_shared_delta_view_is_checked_again_once_anything_else_came_between() -> None:
+    """The partial decode's cache gives a block's deltas one shared view; a repeat of it right after it passed is
+    not checked again, but after any other event (which may change the state) it is."""
+    start = [view("message_start"), view("content_block_start", index=0, content_block={"type": "text"})]
+    delta = view("content_block_delta", index=0, delta={"type": "text_delta"})
+    stop = view("content_block_stop", index=0)
+    v = StreamValidator()
+    assert v.check_all([*start, delta, delta, delta]) == 5
+    with pytest.raises(Violation) as info:
+        v.check_all([delta, stop, delta])  # the same object, now for a block that is closed
+    assert info.value.at == 2
+    other = StreamValidator()
+    with pytest.raises(Violation) as info:
+        next_block = view("content_block_start", index=1, content_block={"type": "text"})
+        other.check_all([*start, delta, stop, next_block, delta])
+    assert info.value.at == 5  # block 0's delta while block 1 is open
+    assert StreamValidator().check_all([*start, delta, view("ping"), delta, delta]) == 6
