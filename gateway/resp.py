@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import hiredis  # small (~150 KB resident), and this module is imported only where limits.redis_url is set
+
 __all__ = ["Endpoint", "RedisClient", "RedisUnavailable", "ReplyError", "Script", "parse_url"]
 
 
@@ -99,15 +101,13 @@ class Script:
 
 
 # One command under way: the future its reply settles (None for the connection's own AUTH / SELECT, whose error
-# fails the connection), when it was asked (loop time), and the command to send instead when the server answers
-# NOSCRIPT (EVAL with the script's text in place of EVALSHA).
-_Pending = tuple["asyncio.Future[Any] | None", float, bytes | None]
+# fails the connection), when it was asked (loop time), and the arguments of the command to send instead when the
+# server answers NOSCRIPT (EVAL with the script's text in place of EVALSHA: packed only then, not for every call).
+_Pending = tuple["asyncio.Future[Any] | None", float, tuple[Any, ...] | None]
 
 
 class _Connection(asyncio.Protocol):
     def __init__(self, client: RedisClient) -> None:
-        import hiredis
-
         self._client = client
         self._reader = hiredis.Reader(replyError=ReplyError)
         self.transport: asyncio.Transport | None = None
@@ -116,12 +116,12 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not its subclasses
 
     def data_received(self, data: bytes) -> None:
-        reader = self._reader
+        reader, client = self._reader, self._client
         try:
             reader.feed(data)
             reply = reader.gets()
-            while reply is not False:
-                self._client._reply(reply)
+            while reply is not False and client._conn is self:  # (a refused AUTH drops it mid-read)
+                client._reply(reply)
                 reply = reader.gets()
         except Exception as exc:  # a protocol error (hiredis.ProtocolError): nothing more on it can be trusted
             self._client._lost(self, RedisUnavailable(f"Redis protocol error: {exc}"))
@@ -151,15 +151,11 @@ class RedisClient:
     def call(self, *args: Any) -> asyncio.Future[Any]:
         """Send one command; its future has the reply (``ReplyError`` for an error reply, ``RedisUnavailable``
         when there is no answer)."""
-        import hiredis
-
-        return self._send(hiredis.pack_command(args), None)
+        return self._send(_pack(args), None)
 
     def evalsha(self, script: Script, keys: list[Any], args: list[Any]) -> asyncio.Future[Any]:
-        import hiredis
-
         tail = (len(keys), *keys, *args)
-        return self._send(hiredis.pack_command((b"EVALSHA", script.sha, *tail)), (b"EVAL", script.text, *tail))
+        return self._send(_pack((b"EVALSHA", script.sha, *tail)), (b"EVAL", script.text, *tail))
 
     def _send(self, packed: bytes, fallback: tuple[Any, ...] | None) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -171,7 +167,7 @@ class RedisClient:
         if self._closed:
             future.set_exception(RedisUnavailable("the Redis client is closed"))
             return future
-        self._push((future, loop.time(), None if fallback is None else _pack(fallback)), packed)
+        self._push((future, loop.time(), fallback), packed)
         return future
 
     def _push(self, pending: _Pending, packed: bytes) -> None:
@@ -247,7 +243,7 @@ class RedisClient:
         if isinstance(reply, ReplyError):
             if fallback is not None and str(reply).startswith("NOSCRIPT"):
                 assert self._loop is not None
-                self._push((future, self._loop.time(), None), fallback)
+                self._push((future, self._loop.time(), None), _pack(fallback))
                 return
             if not future.done():
                 future.set_exception(reply)
@@ -307,7 +303,5 @@ class RedisClient:
 
 
 def _pack(args: tuple[Any, ...]) -> bytes:
-    import hiredis
-
     packed: bytes = hiredis.pack_command(args)
     return packed
