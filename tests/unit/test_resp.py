@@ -37,7 +37,22 @@ def run(coro: Any) -> Any:
     ],
 )
 def test_urls_are_read_as_redis_py_reads_them(url: str, endpoint: Endpoint) -> None:
+    from redis.connection import SSLConnection, UnixDomainSocketConnection
+    from redis.connection import parse_url as redis_py_parse_url
+
     assert parse_url(url) == endpoint
+    theirs = redis_py_parse_url(url)  # type: ignore[no-untyped-call]  # the URL an operator wrote for redis-py means the same here
+    kind = theirs.get("connection_class")
+    assert (endpoint.tls, endpoint.path is not None) == (kind is SSLConnection, kind is UnixDomainSocketConnection)
+    if endpoint.path is None:
+        assert (endpoint.host, endpoint.port) == (theirs["host"], theirs.get("port", 6379))
+    else:
+        assert endpoint.path == theirs["path"]
+    assert (endpoint.username, endpoint.password, endpoint.db) == (
+        theirs.get("username"),
+        theirs.get("password"),
+        theirs.get("db", 0),
+    )
 
 
 @pytest.mark.parametrize(
@@ -230,7 +245,12 @@ def test_commands_asked_in_one_loop_turn_go_out_in_one_write(redis_server: Any) 
         transport = client._conn.transport  # asyncio's own transport (this test runs on asyncio's loop)
         writes: list[bytes] = []
         write = transport.write
-        transport.write = lambda data: (writes.append(bytes(data)), write(data))[1]  # type: ignore[method-assign]
+
+        def recorded(data: Any) -> None:
+            writes.append(bytes(data))
+            write(data)
+
+        transport.write = recorded  # type: ignore[method-assign]
         replies = await asyncio.gather(*(client.call("ECHO", str(i)) for i in range(20)))
         assert replies == [str(i).encode() for i in range(20)]
         assert len(writes) == 1 and writes[0].count(b"ECHO") == 20
