@@ -56,7 +56,9 @@ class GatewayApp:
         if gw is None:
             return HeaderLimits()
         server = gw.settings.server
-        return HeaderLimits(server.max_header_bytes, server.max_headers, server.client_timeout_s)
+        return HeaderLimits(
+            server.max_header_bytes, server.max_headers, server.client_timeout_s, server.keep_alive_timeout_s
+        )
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":

@@ -10,7 +10,12 @@ else reads the head:
   a head is being read, so a head that never ends is cut off within one socket read of the limit.
 - ``server.client_timeout_s``: the longest silence while a head is being received (nginx's
   ``client_header_timeout``): then the connection is closed (the head is incomplete: no request to answer). The
-  same silence while the body is being received is the Messages edge's 408 (``gateway.messages``).
+  same silence while the body is being received is the Messages edge's 408 (``gateway.messages``). The timer
+  never runs while a response is in flight (the client is silent then because it waits for it).
+- ``server.keep_alive_timeout_s``: how long an idle connection is kept between requests (nginx's
+  ``keepalive_timeout``, 75 s), longer than the clients' own idle expiry (httpx 5 s, undici 4 s) and a load
+  balancer's (ALB 60 s), so that the client, not the gateway, closes an idle connection: no request is sent
+  into a close.
 - a malformed request gets its ``400`` in the envelope too, not uvicorn's plain text.
 
 The limits are read from the running gateway's settings (``GatewayApp``) at each connection, so a reload
@@ -59,12 +64,19 @@ case: head and body in one read): the edge then reads it without a silence timer
 
 
 class HeaderLimits:
-    __slots__ = ("head_timeout_s", "max_header_bytes", "max_headers")
+    __slots__ = ("head_timeout_s", "keep_alive_timeout_s", "max_header_bytes", "max_headers")
 
-    def __init__(self, max_header_bytes: int = 64 * 1024, max_headers: int = 100, head_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        max_header_bytes: int = 64 * 1024,
+        max_headers: int = 100,
+        head_timeout_s: float = 60.0,
+        keep_alive_timeout_s: float = 75.0,
+    ) -> None:
         self.max_header_bytes = max_header_bytes
         self.max_headers = max_headers
         self.head_timeout_s = head_timeout_s
+        self.keep_alive_timeout_s = keep_alive_timeout_s
 
 
 _DEFAULT_LIMITS = HeaderLimits()
@@ -206,6 +218,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._hook: DisconnectHook | None = None
         self._limits = _limits_of(self.app)
+        # the idle time between requests before uvicorn closes the connection (server.keep_alive_timeout_s): the
+        # gateway's, whatever uvicorn was configured with
+        self.timeout_keep_alive = self._limits.keep_alive_timeout_s  # type: ignore[assignment]  # (uvicorn: int; any number works)
         self._in_head = True  # the next bytes belong to a request head
         self._head_bytes = 0  # bytes received while in the head
         self._header_count = 0
@@ -233,9 +248,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._reject_head(f"the request head exceeds {self._limits.max_header_bytes} bytes")
                 return
             # the silence is counted from here; a head that completed in one read (the usual case) never
-            # arms a timer
+            # arms a timer, and neither does a read while a response is in flight: the client is silent
+            # because it waits for that response (issue 29: every answer longer than the timeout was cut)
             self._last_read = self.loop.time()
-            if self._head_timer is None:
+            if self._head_timer is None and self._between_requests():
                 self._head_timer = self.loop.call_later(self._limits.head_timeout_s, self._head_timeout)
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -306,9 +322,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- the head's silence -------------------------------------------------------------------------------------
 
+    def _between_requests(self) -> bool:
+        """No response is in flight on this connection (none started yet, or the last one is complete)."""
+        cycle = self.cycle
+        return cycle is None or cycle.response_complete
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # A next head that began arriving while the response was in flight (pipelined) is timed from now;
+        # otherwise uvicorn's keep-alive timer bounds the idle connection.
+        if self._in_head and self._head_bytes and self._head_timer is None and not self.transport.is_closing():
+            self._last_read = self.loop.time()
+            self._head_timer = self.loop.call_later(self._limits.head_timeout_s, self._head_timeout)
+
     def _head_timeout(self) -> None:
         self._head_timer = None
-        if not self._in_head or self.transport.is_closing():
+        if not self._in_head or self.transport.is_closing() or not self._between_requests():
             return
         silent = self.loop.time() - self._last_read
         left = self._limits.head_timeout_s - silent

@@ -77,6 +77,9 @@ class ServerSettings(_Strict, frozen=True, kw_only=True):
     # the longest silence tolerated while a client sends its request head (then the connection is closed) or
     # body (then 408 and close): nginx's client_header_timeout / client_body_timeout
     client_timeout_s: PositiveFloat = 60.0
+    # how long an idle connection is kept between requests (nginx's keepalive_timeout): longer than clients' own
+    # idle expiry (httpx 5 s, undici 4 s) and a load balancer's (ALB 60 s), so the client closes first
+    keep_alive_timeout_s: PositiveFloat = 75.0
     # Messages requests in flight per process beyond which new ones get 529 + retry-after at once; None: no limit
     max_inflight: Annotated[int, msgspec.Meta(ge=1)] | None = None
     max_header_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024  # request line + headers; over it: 431

@@ -22,9 +22,15 @@ KW: dict[str, Any] = {"max_tokens": 64, "messages": [{"role": "user", "content":
 def gw() -> Iterator[RunningGateway]:
     yaml = """
 auth: {open: true}
-server: {client_timeout_s: 0.4, max_header_bytes: 8192, max_headers: 30}
-providers: {m: {kind: mock, deltas: 3}}
-models: {m: {targets: [{provider: m}]}}
+server: {client_timeout_s: 0.4, keep_alive_timeout_s: 1.5, max_header_bytes: 8192, max_headers: 30}
+providers:
+  m: {kind: mock, deltas: 3}
+  slow: {kind: mock, deltas: 8, event_delay_ms: 250}  # 2 s: five times client_timeout_s
+  slowjson: {kind: mock, first_event_delay_ms: 2000}  # a JSON answer after 2 s
+models:
+  m: {targets: [{provider: m}]}
+  slow: {targets: [{provider: slow}]}
+  slowjson: {targets: [{provider: slowjson}]}
 """
     with run_gateway(yaml) as running:
         yield running
@@ -203,6 +209,84 @@ def test_a_head_within_the_limits_is_served_on_a_kept_alive_connection(gw: Runni
             raw += sock.recv(65536)
         assert raw.startswith(b"HTTP/1.1 200")
     sock.close()
+
+
+# --- the head timer never runs while the gateway answers (issue 29) ----------------------------------------------
+
+
+def request_bytes(model: str, *, stream: bool, close: bool = False) -> bytes:
+    body = json.dumps({"model": model, "stream": stream, **KW}).encode()
+    connection = b"connection: close\r\n" if close else b""
+    return (
+        b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n%scontent-length: %d\r\n\r\n%s"
+        % (connection, len(body), body)
+    )
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "json"])
+def test_an_answer_longer_than_the_client_timeout_is_delivered_whole(gw: RunningGateway, stream: bool) -> None:
+    """Head and body in one write (what every client does), then silence while the 2 s answer comes: it used to be
+    cut at client_timeout_s (0.4 s here, 60 s by default), the head timer armed for the next request at once."""
+    sock = connect(gw)
+    sock.sendall(request_bytes("slow" if stream else "slowjson", stream=stream, close=True))
+    started = time.monotonic()
+    raw = read_all(sock, limit=10)
+    assert time.monotonic() - started >= 1.9
+    assert raw.startswith(b"HTTP/1.1 200")
+    if stream:
+        assert raw.endswith(b'data: {"type":"message_stop"}\n\n\r\n0\r\n\r\n'), raw[-200:]
+    else:
+        assert response(raw)[2]["stop_reason"] == "end_turn"
+
+
+def test_a_stalled_head_after_a_long_answer_is_still_closed(gw: RunningGateway) -> None:
+    """The thing the head timer guards is still guarded on a kept-alive connection: after a 2 s answer, half of the
+    next head and silence: closed within client_timeout_s (not kept until the keep-alive timeout)."""
+    sock = connect(gw)
+    sock.sendall(request_bytes("slow", stream=True))
+    raw = b""
+    sock.settimeout(10)
+    while not raw.endswith(b"0\r\n\r\n"):
+        chunk = sock.recv(65536)
+        assert chunk, raw[-200:]
+        raw += chunk
+    sock.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n")
+    started = time.monotonic()
+    assert read_all(sock) == b""
+    assert 0.3 < time.monotonic() - started < 1.4  # the head timer (0.4 s), before the keep-alive timer (1.5 s)
+
+
+def test_a_pipelined_head_sent_during_an_answer_is_timed_from_the_answers_end(gw: RunningGateway) -> None:
+    """Half of a second head sent while the first answer streams: no timer runs during the answer (the client is
+    not the one that is slow), and the half head is then closed within client_timeout_s of the answer's end."""
+    sock = connect(gw)
+    sock.sendall(request_bytes("slow", stream=True))
+    time.sleep(0.5)
+    sock.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n")
+    started = time.monotonic()
+    raw = read_all(sock, limit=10)
+    ended = time.monotonic() - started
+    assert raw.startswith(b"HTTP/1.1 200") and raw.endswith(b"0\r\n\r\n"), raw[-200:]
+    assert 1.4 < ended < 3.5  # the rest of the 2 s answer, then 0.4 s
+
+
+def test_an_idle_connection_is_kept_for_the_keep_alive_timeout_then_closed(gw: RunningGateway) -> None:
+    """``server.keep_alive_timeout_s`` (1.5 s here, 75 s by default), not uvicorn's 5 s: a request 1 s after the
+    last is served on the same connection; 1.5 s of idleness after it closes the connection."""
+    sock = connect(gw)
+    for _ in range(2):
+        sock.sendall(request_bytes("m", stream=False))
+        sock.settimeout(5)
+        raw = b""
+        while b'"stop_reason"' not in raw or not raw.endswith(b"}"):
+            chunk = sock.recv(65536)
+            assert chunk, raw
+            raw += chunk
+        assert raw.startswith(b"HTTP/1.1 200")
+        time.sleep(1.0)
+    started = time.monotonic()
+    assert read_all(sock) == b""
+    assert 0.2 < time.monotonic() - started < 1.5  # 1.5 s after the answer, of which 1 s had passed
 
 
 # --- server.max_inflight: shed only the excess -----------------------------------------------------------------
