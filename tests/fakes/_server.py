@@ -120,14 +120,15 @@ class BackgroundServer:
         if transport is not None:
             transport.abort()
 
-    async def _pace_json(self, request: web.Request, events: list[dict[str, Any]], interval: float) -> bool:
-        """A non-streamed answer takes as long as its stream would: ``interval`` per delta. False when the
-        client went away meanwhile (counted in ``disconnects``): answer nothing then."""
-        if not interval:
+    async def _pace_json(self, request: web.Request, scenario: Any) -> bool:
+        """A non-streamed answer takes as long as its stream would (``scenario.delay_before_delta`` for each
+        delta). False when the client went away meanwhile (counted in ``disconnects``): answer nothing then."""
+        if not scenario.paced:
             return True
         try:
-            for _ in range(sum(e["type"] == "content_block_delta" for e in events)):
-                await asyncio.sleep(interval)
+            deltas = sum(e["type"] == "content_block_delta" for e in scenario.events)
+            for number in range(1, deltas + 1):
+                await asyncio.sleep(scenario.delay_before_delta(number))
                 if self._client_gone(request):
                     raise ConnectionResetError("client went away")
         except ConnectionError:
@@ -141,15 +142,18 @@ class BackgroundServer:
     async def _send_sse(
         self, request: web.Request, resp: web.StreamResponse, events: Iterable[dict[str, Any]], scenario: Any
     ) -> web.StreamResponse:
-        """Write the events as first-party SSE, pausing ``scenario.delta_interval`` before each delta; a client
-        that goes away is counted in ``disconnects``; ``scenario.ending == "cut"`` drops the connection."""
+        """Write the events as first-party SSE, pausing ``scenario.delay_before_delta(n)`` before the n-th delta;
+        a client that goes away is counted in ``disconnects``; ``scenario.ending == "cut"`` drops the connection."""
         from .claude_api import encode_event
 
+        paced = scenario.paced
+        deltas = 0
         try:
             await resp.prepare(request)
             for event in events:
-                if scenario.delta_interval and event["type"] == "content_block_delta":
-                    await asyncio.sleep(scenario.delta_interval)
+                if paced and event["type"] == "content_block_delta":
+                    deltas += 1
+                    await asyncio.sleep(scenario.delay_before_delta(deltas))
                 if self._client_gone(request):
                     raise ConnectionResetError("client went away")
                 await resp.write(encode_event(event))

@@ -296,7 +296,7 @@ def invocation_metrics(events: list[Event], *, output_offset: int = 0) -> dict[s
 @dataclass(frozen=True)
 class Frame:
     data: bytes
-    paced: bool = False  # sleep ``delta_interval`` before writing it (fake-slow)
+    delay: float = 0.0  # seconds of silence before writing it (fake-slow, fake-pause)
 
 
 @dataclass(frozen=True)
@@ -310,6 +310,7 @@ class StreamPlan:
     ending: Literal["complete", "cut"] = "complete"  # cut: abort the transport after the frames
     split_seed: int | None = None  # write the concatenated frames in 1-7 byte pieces
     delta_interval: float = 0.0
+    pacing: Scenario | None = None  # the scenario whose delays the frames carry (a non-streamed answer waits as long)
     output_offset: int = 0  # invocation metrics outputTokenCount minus canonical usage
 
     @property
@@ -371,14 +372,18 @@ def stream_plan(model_id: str) -> StreamPlan:
     if events and events[-1]["type"] == "message_stop":
         events[-1] = {**events[-1], METRICS_KEY: invocation_metrics(events, output_offset=offset)}
     frames: list[Frame] = []
+    deltas = 0
     for i, event in enumerate(events):
         data = chunk_frame(event, i)
         if i == corrupt:
             damaged = bytearray(data)
             damaged[-2] ^= 0x5A  # inside the message CRC
             data = bytes(damaged)
-        paced = bool(scenario.delta_interval) and event["type"] == "content_block_delta"
-        frames.append(Frame(data, paced))
+        delay = 0.0
+        if scenario.paced and event["type"] == "content_block_delta":
+            deltas += 1
+            delay = scenario.delay_before_delta(deltas)
+        frames.append(Frame(data, delay))
     frames += tail
     return StreamPlan(
         name=name,
@@ -388,6 +393,7 @@ def stream_plan(model_id: str) -> StreamPlan:
         ending=ending,
         split_seed=split_seed,
         delta_interval=scenario.delta_interval,
+        pacing=scenario,
         output_offset=offset,
     )
 
@@ -883,8 +889,8 @@ class FakeBedrock(BackgroundServer):
                     await resp.write(piece)
             else:
                 for frame in plan.frames:
-                    if frame.paced:
-                        await asyncio.sleep(plan.delta_interval)
+                    if frame.delay:
+                        await asyncio.sleep(frame.delay)
                     if self._client_gone(request):
                         raise ConnectionResetError("client went away")
                     await resp.write(frame.data)
@@ -909,7 +915,7 @@ class FakeBedrock(BackgroundServer):
             return web.Response(status=500)  # never reaches the client
         if plan.events and plan.events[-1]["type"] == "error":
             return self._status_error("ServiceUnavailableException", request_id, "Overloaded")
-        if not await self._pace_json(request, plan.events, plan.delta_interval):
+        if plan.pacing is not None and not await self._pace_json(request, plan.pacing):
             return web.Response(status=499)
         message = accumulate(plan.events)
         assert message is not None

@@ -454,6 +454,16 @@ def _sc_slow(model: str, n_deltas: int | None = None) -> list[Event]:
     ]
 
 
+def _sc_pause(model: str, n_deltas: int | None = None) -> list[Event]:
+    """Text in ``n_deltas`` pieces with no ``ping`` event (the silence is the scenario's ``pause_s``)."""
+    n = 6 if n_deltas is None else n_deltas
+    return [
+        _message_start(model, input_tokens=12, cache_read=0),
+        *_text_block(0, [f"part {i}. " for i in range(n)]),
+        *_message_end("end_turn", 3 * n + 1),
+    ]
+
+
 THINKING_SIGNATURE = _b64_blob("thinking-signature", 349)
 REDACTED_THINKING_DATA = _b64_blob("redacted-thinking", 256)
 
@@ -465,6 +475,16 @@ class Scenario:
     events: list[Event]
     ending: Literal["complete", "error", "cut"] = "complete"
     delta_interval: float = 0.0  # sleep before each content_block_delta
+    pause_before: int = 0  # the delta (1-based) before which the upstream is silent for ``pause_s`` more; 0: none
+    pause_s: float = 0.0
+
+    def delay_before_delta(self, number: int) -> float:
+        """How long the upstream is silent before its ``number``-th content_block_delta (1-based)."""
+        return self.delta_interval + (self.pause_s if number == self.pause_before else 0.0)
+
+    @property
+    def paced(self) -> bool:
+        return bool(self.delta_interval or self.pause_s)
 
 
 _Builder = Callable[[str], list[Event]]
@@ -482,9 +502,10 @@ _BUILDERS: dict[str, tuple[_Builder, Literal["complete", "error", "cut"], float]
     "fake-error-midstream": (_sc_error_midstream, "error", 0.0),
     "fake-cut-midstream": (_sc_partial, "cut", 0.0),
     "fake-slow": (_sc_slow, "complete", SLOW_INTERVAL),
+    "fake-pause": (_sc_pause, "complete", 0.0),
 }
-_KNOB_BUILDERS: dict[str, _KnobBuilder] = {"fake-text": _sc_text, "fake-slow": _sc_slow}
-_KNOB_RE = re.compile(r"^(?P<base>fake-[a-z-]+?)-d(?P<n>\d{1,6})$")
+_KNOB_BUILDERS: dict[str, _KnobBuilder] = {"fake-text": _sc_text, "fake-slow": _sc_slow, "fake-pause": _sc_pause}
+_KNOB_RE = re.compile(r"^(?P<base>fake-[a-z-]+?)-d(?P<n>\d{1,6})(?:-i(?P<ms>\d{1,6}))?(?:-p(?P<pause>\d{1,4}))?$")
 
 #: Names of the scenarios that answer with HTTP 200 (SSE or JSON).
 STREAM_SCENARIOS: tuple[str, ...] = tuple(_BUILDERS)
@@ -508,16 +529,23 @@ STATUS_SCENARIOS: dict[str, tuple[int, str, str]] = {
 def get_scenario(model: str) -> Scenario:
     """The streaming scenario for ``model`` (unknown names -> ``fake-text``).
 
-    Knobs: ``fake-text-d200`` / ``fake-slow-d10`` set the number of text deltas.
+    Knobs: ``fake-text-d200`` / ``fake-slow-d10`` set the number of text deltas; ``-i3000`` after it the
+    interval before each delta in milliseconds (``fake-slow-d26-i3000``: a 75 s answer); ``-p70`` a silence of
+    that many seconds before the middle delta (``fake-pause-d6-p70``: a thinking pause, and no ``ping`` event
+    anywhere, as Bedrock sends none).
     """
     if model in _BUILDERS:
         builder, ending, interval = _BUILDERS[model]
         return Scenario(model, model, builder(model), ending, interval)
     m = _KNOB_RE.match(model)
     if m and m["base"] in _KNOB_BUILDERS:
-        base = m["base"]
+        base, n = m["base"], int(m["n"])
         _, ending, interval = _BUILDERS[base]
-        return Scenario(base, model, _KNOB_BUILDERS[base](model, int(m["n"])), ending, interval)
+        if m["ms"] is not None:
+            interval = int(m["ms"]) / 1000
+        pause = int(m["pause"]) if m["pause"] is not None else 0
+        events = _KNOB_BUILDERS[base](model, n)
+        return Scenario(base, model, events, ending, interval, pause_before=n // 2 + 1 if pause else 0, pause_s=pause)
     return Scenario("fake-text", model, _sc_text(model))
 
 
@@ -747,7 +775,7 @@ class FakeClaudeAPI(BackgroundServer):
         if scenario.ending == "cut":
             self._abort(request)
             return web.Response(status=500)  # never reaches the client
-        if not await self._pace_json(request, scenario.events, scenario.delta_interval):
+        if not await self._pace_json(request, scenario):
             return web.Response(status=499)
         message = accumulate(scenario.events)
         return self._json(200, message, request_id)

@@ -729,7 +729,7 @@ class FakeFoundry(BackgroundServer):
         if scenario.ending == "cut":
             self._abort(request)
             return web.Response(status=500)  # never reaches the client
-        if not await self._pace_json(request, scenario.events, scenario.delta_interval):
+        if not await self._pace_json(request, scenario):
             return web.Response(status=499)
         return web.Response(
             status=200,

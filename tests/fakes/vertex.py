@@ -338,6 +338,9 @@ class FakeVertex(BackgroundServer):
         self.token_lifetime_s = token_lifetime_s
         #: seconds the token endpoint waits before answering
         self.token_delay_s = 0.0
+        #: the server-side lifetime of tokens issued from now on when shorter than ``expires_in`` (None: the
+        #: same): a token that expires while a client still holds it (the middle of a long stream)
+        self.token_valid_s: int | None = None
         self.token_uri = ""  # http://127.0.0.1:PORT/token
         self._ledger = TokenLedger()
         self._token_counter = itertools.count(1)
@@ -528,7 +531,7 @@ class FakeVertex(BackgroundServer):
             return self._oauth_error(status, error, description)
         lifetime = int(self.token_lifetime_s)
         with self._cond:
-            token = self._mint(lifetime)
+            token = self._mint(lifetime if self.token_valid_s is None else min(lifetime, self.token_valid_s))
         record.access_token, record.expires_in = token, lifetime
         self._record_token(record)
         payload: dict[str, Any] = {"access_token": token, "expires_in": lifetime, "token_type": "Bearer"}
@@ -734,7 +737,7 @@ class FakeVertex(BackgroundServer):
         if scenario.ending == "cut":
             self._abort(request)
             return web.Response(status=500)  # never reaches the client
-        if not await self._pace_json(request, scenario.events, scenario.delta_interval):
+        if not await self._pace_json(request, scenario):
             return web.Response(status=499)
         return web.Response(
             status=200,
