@@ -10,11 +10,27 @@ cost are counted as the stream reports them (``Lease.count``, fed by the tally's
 when it ends (``Lease.settle``), so N requests admitted just under a limit overshoot it by at most their own
 usage.
 
+**A request is counted in the windows it was admitted in**, however long it runs: its one request and its tokens in
+the minute of its admission, its cost in the budget window (UTC day, ISO week, month) of its admission. A stream
+admitted at 23:59:59 that ends after midnight is the day before's, once; the new day's budget starts at 0. The
+lease carries the admission's counter keys to every count and to the settlement (in memory and in Redis alike: a
+shared count sent by a flush in the next minute still lands in the admission's). That is what keeps each window's
+bound: the requests admitted while a window had room overshoot it by at most their own usage, and none of a
+window's usage is a request it never admitted (charged where it ended, yesterday's last stream would open today
+with spending nobody admitted today; a delayed flush would move a token to whichever minute it ran in). So
+``tokens_per_minute`` bounds the tokens of the requests admitted in a minute: a stream's output after its minute
+has ended counts against none that is still open.
+
 Refusals follow the API's own conventions: over a rate limit ``429 rate_limit_error`` with an integer
 ``retry-after`` and ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`` (reset in RFC 3339; the
 same headers go on every response of a key with limits); over a budget ``429 billing_error`` with
 ``x-should-retry: false`` and ``retry-after`` until the window resets (as Anthropic's gateway in Claude Code
 answers a spend limit).
+
+Test-only: ``MESSAGES_GATEWAY_TEST_PERIOD_S=<seconds>`` in a gateway's environment, read when its ``Limiter`` is made,
+makes every budget window (``day``, ``week`` and ``month`` alike) that many seconds long, aligned to the epoch, so an
+end-to-end test sees a budget reset without waiting for midnight (``tests/e2e/test_limit_periods.py``). It is no
+config setting and a gateway that has it logs a warning; never set it in production.
 """
 
 from __future__ import annotations
@@ -23,6 +39,7 @@ import asyncio
 import functools
 import logging
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -80,8 +97,27 @@ def _iso_second(second: int) -> str:
     return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def budget_window(per: str, now: float) -> tuple[str, float]:
-    """The calendar window ``now`` is in (its key) and when it ends (epoch seconds), UTC."""
+TEST_PERIOD_ENV = "MESSAGES_GATEWAY_TEST_PERIOD_S"  # test-only: every budget window this many seconds long
+
+
+def _test_period() -> float | None:
+    raw = os.environ.get(TEST_PERIOD_ENV)
+    if not raw:
+        return None
+    period = float(raw)
+    if not period > 0:
+        raise ValueError(f"{TEST_PERIOD_ENV} must be a positive number of seconds, not {raw!r}")
+    log.warning("%s=%s (test-only): every budget resets every %g s", TEST_PERIOD_ENV, raw, period)
+    return period
+
+
+def budget_window(per: str, now: float, period_s: float | None = None) -> tuple[str, float]:
+    """The calendar window ``now`` is in (its key) and when it ends (epoch seconds), UTC: a day from midnight, an ISO
+    week from Monday 00:00 (a week across New Year is one window, keyed by its Monday), a month from the 1st.
+    ``period_s`` (test-only, ``MESSAGES_GATEWAY_TEST_PERIOD_S``): windows of that many seconds instead."""
+    if period_s is not None:
+        n = math.floor(now / period_s)
+        return f"{per}:test-{period_s:g}s-{n}", (n + 1) * period_s
     day = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     if per == "day":
         start, end = day, day + timedelta(days=1)
@@ -99,6 +135,9 @@ Rule = tuple[str, LimitSettings]  # (scope, limits): scope "key:<name>" or "team
 
 Check = tuple[str, float]  # (counter, limit): admitted only while the counter is below the limit
 Add = tuple[str, float, int]  # (counter, amount, seconds to keep it; 0: no expiry)
+# One rule's counters for a lease's usage, fixed at admission: (its tokens counter of the admission's minute,
+# its budget counter of the admission's window or None, when that window ends).
+Usage = tuple[str, str | None, float]
 
 
 class Counters(Protocol):
@@ -137,7 +176,12 @@ class MemoryCounters:
 
     def add_now(self, adds: Sequence[Add], now: float) -> None:
         for key, amount, ttl in adds:
-            self.values[key] = self.values.get(key, 0.0) + amount
+            if amount < 0:  # a slot given back: never below zero, never into a counter that has expired
+                if key not in self.values or self._expires.get(key, math.inf) <= now:
+                    continue
+                self.values[key] = max(0.0, self.values[key] + amount)
+            else:
+                self.values[key] = self.values.get(key, 0.0) + amount
             if ttl:
                 self._expires[key] = now + ttl
         self._expire(now)
@@ -172,13 +216,27 @@ return {-1, values}
 """
 
 
-# A settlement's adds in one command (a pipeline of INCRBYFLOAT + EXPIRE pairs costs redis-py more CPU).
+# A settlement's adds in one command (a pipeline of INCRBYFLOAT + EXPIRE pairs costs redis-py more CPU). A negative
+# add (a slot in flight given back) never takes a counter below zero and never recreates one that has expired: a
+# stream that outlived the in-flight counter's TTL gives back only what the counter still holds.
 _ADD = """
 local m = #KEYS
 for j = 1, m do
-  redis.call('INCRBYFLOAT', KEYS[j], ARGV[j])
+  local amount = tonumber(ARGV[j])
   local ttl = tonumber(ARGV[m + j])
-  if ttl > 0 then redis.call('EXPIRE', KEYS[j], ttl) end
+  if amount < 0 then
+    local held = tonumber(redis.call('GET', KEYS[j]))
+    if held then
+      if held + amount <= 0 then redis.call('DEL', KEYS[j])
+      else
+        redis.call('INCRBYFLOAT', KEYS[j], amount)
+        if ttl > 0 then redis.call('EXPIRE', KEYS[j], ttl) end
+      end
+    end
+  else
+    redis.call('INCRBYFLOAT', KEYS[j], ARGV[j])
+    if ttl > 0 then redis.call('EXPIRE', KEYS[j], ttl) end
+  end
 end
 return m
 """
@@ -233,11 +291,12 @@ class Lease:
     ``message_delta``), and it is settled once, with the totals it ended with (partial for a failed or cancelled
     stream), which also gives back its slot in flight."""
 
-    __slots__ = ("_cost", "_limiter", "_pending", "_rules", "_tokens", "settled")
+    __slots__ = ("_cost", "_limiter", "_pending", "_rules", "_tokens", "_usage", "settled")
 
-    def __init__(self, limiter: Limiter, rules: list[Rule]) -> None:
+    def __init__(self, limiter: Limiter, rules: list[Rule], usage: Sequence[Usage] = ()) -> None:
         self._limiter = limiter
         self._rules = rules
+        self._usage = usage  # where its tokens and cost go: the admission's windows (module docstring)
         self._tokens = 0  # counted so far
         self._cost = 0.0
         self._pending: tuple[int, float] = (0, 0.0)  # counted here, not yet sent to shared counters
@@ -259,7 +318,7 @@ class Lease:
         self.count(tokens, cost)
         self.settled = True
         pending, self._pending = self._pending, (0, 0.0)
-        self._limiter.settle(self._rules, *pending, lease=self)
+        self._limiter.settle(self, *pending)
 
 
 class Limiter:
@@ -284,6 +343,7 @@ class Limiter:
         self._sent: set[asyncio.Future[Any]] = set()  # settlements and flushes under way
         self._waiting: set[Lease] = set()  # leases with counts not yet sent to shared counters
         self._flush_at: asyncio.TimerHandle | None = None
+        self._period_s = _test_period()
 
     @staticmethod
     def rules(settings: Settings, key: ClientKey | None) -> list[Rule]:
@@ -298,13 +358,18 @@ class Limiter:
                 out.append((f"team:{key.team}", team.limits))
         return out
 
-    def _plan(self, rules: list[Rule], now: float) -> tuple[list[Check], list[tuple[str, str, float]], list[Add]]:
-        """The counters an admission checks (with what each is), and what it adds when admitted."""
+    def _plan(
+        self, rules: list[Rule], now: float
+    ) -> tuple[list[Check], list[tuple[str, str, float]], list[Add], list[Usage]]:
+        """The counters an admission checks (with what each is), what it adds when admitted, and where the
+        request's tokens and cost will go (the windows of ``now``, its admission)."""
         minute = int(now // 60)
         checks: list[Check] = []
         what: list[tuple[str, str, float]] = []  # (limit, scope, the window's end)
         adds: list[Add] = []
+        usage: list[Usage] = []
         for scope, limits in rules:
+            usd: tuple[str | None, float] = (None, 0.0)
             if limits.requests_per_minute is not None:
                 checks.append((f"{scope}|requests|{minute}", limits.requests_per_minute))
                 what.append(("requests_per_minute", scope, (minute + 1) * 60))
@@ -315,12 +380,14 @@ class Limiter:
                 checks.append((f"{scope}|inflight", limits.max_inflight))
                 what.append(("max_inflight", scope, now + 1))
             if limits.budget is not None:
-                window, ends = budget_window(limits.budget.per, now)
-                checks.append((f"{scope}|usd|{window}", limits.budget.usd))
+                window, ends = budget_window(limits.budget.per, now, self._period_s)
+                usd = (f"{scope}|usd|{window}", ends)
+                checks.append((usd[0], limits.budget.usd))
                 what.append(("budget", scope, ends))
             adds.append((f"{scope}|requests|{minute}", 1, _MINUTE_TTL))
             adds.append((f"{scope}|inflight", 1, _INFLIGHT_TTL))
-        return checks, what, adds
+            usage.append((f"{scope}|tokens|{minute}", *usd))
+        return checks, what, adds, usage
 
     async def admit(self, settings: Settings, key: ClientKey | None) -> tuple[Lease | None, dict[str, str]]:
         """A lease for a request under every rule that applies (None when none does) and the rate-limit headers
@@ -329,9 +396,12 @@ class Limiter:
         if not rules:
             return None, {}
         now = self._clock()
-        checks, what, adds = self._plan(rules, now)
+        checks, what, adds, usage = self._plan(rules, now)
         try:
-            failed, values = await self.counters.admit(checks, adds)
+            if isinstance(self.counters, MemoryCounters):  # on the limiter's clock, as its counts and settlements
+                failed, values = self.counters.admit_now(checks, adds, now)
+            else:
+                failed, values = await self.counters.admit(checks, adds)
         except CountersError as exc:
             self._store_error(exc)
             if self._policy == "deny":
@@ -340,7 +410,7 @@ class Limiter:
         headers = self._headers(checks, what, values, counted=failed < 0)
         if failed >= 0:
             raise self._refusal(checks[failed][1], values[failed], what[failed], now, headers)
-        return Lease(self, rules), headers
+        return Lease(self, rules, usage), headers
 
     def _refusal(
         self, limit: float, value: float, what: tuple[str, str, float], now: float, headers: dict[str, str]
@@ -385,14 +455,14 @@ class Limiter:
         return headers
 
     def count(self, lease: Lease, tokens: int, cost: float) -> None:
-        """More tokens and cost for a running request: counted now in this process's counters; for shared ones
-        gathered on the lease and sent by the next flush (one every ``SHARED_COUNT_DELAY`` seconds at most, every
-        waiting lease in one round trip), or with the settlement when the request ends first (so a short request
-        costs one round trip at its end, and a long stream's input tokens are counted for everyone while it
-        runs)."""
+        """More tokens and cost for a running request, in its admission's windows: counted now in this process's
+        counters; for shared ones gathered on the lease and sent by the next flush (one every ``SHARED_COUNT_DELAY``
+        seconds at most, every waiting lease in one round trip), or with the settlement when the request ends first
+        (so a short request costs one round trip at its end, and a long stream's input tokens are counted for
+        everyone while it runs)."""
         if isinstance(self.counters, MemoryCounters):
             now = self._clock()
-            self.counters.add_now(self._usage_adds(lease._rules, tokens, cost, now), now)
+            self.counters.add_now(self._usage_adds(lease._usage, tokens, cost, now), now)
             return
         held, spent = lease._pending
         lease._pending = (held + tokens, spent + cost)
@@ -406,32 +476,33 @@ class Limiter:
         adds: list[Add] = []
         for lease in self._waiting:
             (tokens, cost), lease._pending = lease._pending, (0, 0.0)
-            adds += self._usage_adds(lease._rules, tokens, cost, now)
+            adds += self._usage_adds(lease._usage, tokens, cost, now)
         self._waiting.clear()
         if adds:
             self._send(adds)
 
-    def _usage_adds(self, rules: list[Rule], tokens: int, cost: float, now: float) -> list[Add]:
-        minute = int(now // 60)
+    @staticmethod
+    def _usage_adds(usage: Sequence[Usage], tokens: int, cost: float, now: float) -> list[Add]:
+        """Tokens and cost to the admission's counters (``now`` only sets how long they are kept: a budget's
+        counter a day past its window's end, however late the request ended)."""
         adds: list[Add] = []
-        for scope, limits in rules:
+        for tokens_key, usd_key, ends in usage:
             if tokens:
-                adds.append((f"{scope}|tokens|{minute}", tokens, _MINUTE_TTL))
-            if cost and limits.budget is not None:
-                window, ends = budget_window(limits.budget.per, now)
-                adds.append((f"{scope}|usd|{window}", cost, max(1, math.ceil(ends - now)) + 86_400))
+                adds.append((tokens_key, tokens, _MINUTE_TTL))
+            if cost and usd_key is not None:
+                adds.append((usd_key, cost, max(1, math.ceil(ends - now)) + 86_400))
         return adds
 
-    def settle(self, rules: list[Rule], tokens: int = 0, cost: float = 0.0, lease: Lease | None = None) -> None:
-        """A request ended: give back its slot in flight, with the tokens and cost not yet counted (off the
-        request path with Redis: one round trip in a task)."""
+    def settle(self, lease: Lease, tokens: int = 0, cost: float = 0.0) -> None:
+        """A request ended: give back its slot in flight, with the tokens and cost not yet counted, in its
+        admission's windows (off the request path with Redis: one round trip, sent at once)."""
+        rules = lease._rules
         if not rules:
             return
-        if lease is not None:
-            self._waiting.discard(lease)
+        self._waiting.discard(lease)
         now = self._clock()
         adds: list[Add] = [(f"{scope}|inflight", -1, _INFLIGHT_TTL) for scope, _ in rules]
-        adds += self._usage_adds(rules, tokens, cost, now)
+        adds += self._usage_adds(lease._usage, tokens, cost, now)
         if isinstance(self.counters, MemoryCounters):
             self.counters.add_now(adds, now)
             return

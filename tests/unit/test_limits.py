@@ -219,3 +219,175 @@ def test_a_streams_tokens_reach_the_limiter_through_the_tally_at_message_start()
     assert values[tokens] == 42
     tally.record("client_cancelled")  # partial usage, settled: nothing counted twice
     assert values[tokens] == 42 and lease is not None and lease.settled
+
+
+# Periods at their edges: a request is counted once, in the windows it was admitted in (gateway/limits.py).
+
+
+def at(text: str) -> float:
+    """Epoch seconds of an RFC 3339 UTC time, fractions allowed: ``2026-12-02T23:59:59.5``."""
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+# (per, admitted just before the window's end, settled just after, the admission's window, the next window)
+EDGES = [
+    ("day", "2026-12-02T23:59:59.5", "2026-12-03T00:00:01", "day:2026-12-02", "day:2026-12-03"),
+    ("day", "2026-12-31T23:59:59.5", "2027-01-01T00:00:01", "day:2026-12-31", "day:2027-01-01"),
+    ("week", "2026-12-06T23:59:59.5", "2026-12-07T00:00:01", "week:2026-11-30", "week:2026-12-07"),  # Sun -> Mon
+    ("month", "2027-01-31T23:59:59.5", "2027-02-01T00:00:01", "month:2027-01-01", "month:2027-02-01"),
+    ("month", "2026-12-31T23:59:59.5", "2027-01-01T00:00:01", "month:2026-12-01", "month:2027-01-01"),
+    ("month", "2028-02-29T23:59:59.5", "2028-03-01T00:00:01", "month:2028-02-01", "month:2028-03-01"),  # leap day
+]
+EDGE_IDS = [f"{per}-{admitted[:10]}" for per, admitted, *_ in EDGES]
+
+
+def budget_limiter(per: str, usd: float = 5) -> tuple[Settings, object, Limiter, Clock]:
+    settings, keys, limiter, clock = setup(
+        f"auth: {{keys: [{{name: a, key: k, limits: {{budget: {{usd: {usd:g}, per: {per}}}}}}}]}}\n" + PRICING
+    )
+    return settings, keys["a"], limiter, clock
+
+
+@pytest.mark.parametrize(("per", "admitted", "settled", "window", "following"), EDGES, ids=EDGE_IDS)
+def test_a_request_across_a_budget_windows_end_is_charged_once_to_the_window_it_was_admitted_in(
+    per: str, admitted: str, settled: str, window: str, following: str
+) -> None:
+    settings, key, limiter, clock = budget_limiter(per)
+    assert budget_window(per, at(admitted))[0] == window and budget_window(per, at(settled))[0] == following
+    clock.now = at(admitted)
+    lease, _ = admit(limiter, settings, key)
+    assert lease is not None
+    clock.now += 0.3  # message_start, still before the end
+    lease.count(10, 1.0)
+    clock.now = at(settled)  # the stream ends in the next window, with $4 more: the whole $5 is the admission's
+    lease.count(30, 4.5)
+    lease.settle(40, 5.0)
+    lease.settle(40, 5.0)
+    values = limiter.counters.values  # type: ignore[attr-defined]
+    assert values[f"key:a|usd|{window}"] == 5.0
+    assert f"key:a|usd|{following}" not in values  # the next window starts at 0 ...
+    second, _ = admit(limiter, settings, key)  # ... and admits
+    assert second is not None
+    second.settle(40, 5.0)
+    assert values[f"key:a|usd|{following}"] == 5.0 and values[f"key:a|usd|{window}"] == 5.0
+    with pytest.raises(BudgetExceeded, match=r"spent \$5\.00 of its \$5 budget"):
+        admit(limiter, settings, key)
+
+
+def test_a_week_across_new_year_is_one_window() -> None:
+    """ISO weeks from Monday: Thursday 31 Dec 2026 and Friday 1 Jan 2027 are both in the week of Monday 28 Dec."""
+    settings, key, limiter, clock = budget_limiter("week")
+    clock.now = at("2026-12-31T23:59:59.5")
+    lease, _ = admit(limiter, settings, key)
+    assert lease is not None
+    clock.now = at("2027-01-01T00:00:01")
+    lease.settle(40, 5.0)
+    assert budget_window("week", clock.now)[0] == "week:2026-12-28"
+    assert limiter.counters.values["key:a|usd|week:2026-12-28"] == 5.0  # type: ignore[attr-defined]
+    with pytest.raises(BudgetExceeded):
+        admit(limiter, settings, key)
+
+
+# (per, the last second of a window, the first of the next)
+RESETS = [
+    ("day", "2026-12-02T23:59:59", "2026-12-03T00:00:00"),
+    ("week", "2026-12-06T23:59:59", "2026-12-07T00:00:00"),
+    ("month", "2027-01-31T23:59:59", "2027-02-01T00:00:00"),
+    ("month", "2026-12-31T23:59:59", "2027-01-01T00:00:00"),
+]
+
+
+@pytest.mark.parametrize(("per", "last", "first"), RESETS, ids=[f"{p}-{last[:10]}" for p, last, _ in RESETS])
+def test_an_exhausted_budget_refuses_to_its_last_second_and_admits_at_the_next_windows_first(
+    per: str, last: str, first: str
+) -> None:
+    settings, key, limiter, clock = budget_limiter(per)
+    clock.now = at(last) - 3600  # spent an hour before the end
+    lease, _ = admit(limiter, settings, key)
+    assert lease is not None
+    lease.settle(40, 5.0)
+    for now in (at(last), at(last) + 0.999):
+        clock.now = now
+        with pytest.raises(BudgetExceeded) as info:
+            admit(limiter, settings, key)
+        assert info.value.headers["retry-after"] == "1"
+        assert f"resets at {first}Z" in str(info.value.message)
+    clock.now = at(first)
+    lease, _ = admit(limiter, settings, key)
+    assert lease is not None
+
+
+def test_a_request_admitted_at_a_minutes_end_and_settled_in_the_next_is_counted_once_in_the_first() -> None:
+    """``requests_per_minute`` counts it at admission; its tokens, reported before and after the minute's end,
+    all go to the minute it was admitted in; the next minute starts with nothing of it."""
+    settings, keys, limiter, clock = setup(
+        "auth: {keys: [{name: a, key: k, limits: {requests_per_minute: 2, tokens_per_minute: 100}}]}"
+    )
+    clock.now = at("2026-12-02T10:00:59.5")
+    minute = int(clock.now // 60)
+    lease, _ = admit(limiter, settings, keys["a"])
+    assert lease is not None
+    clock.now += 0.4
+    lease.count(60, None)  # message_start at 10:00:59.9
+    clock.now = at("2026-12-02T10:01:00.5")
+    lease.count(90, None)  # a message_delta in the next minute
+    lease.settle(100, None)
+    values = limiter.counters.values  # type: ignore[attr-defined]
+    assert values[f"key:a|requests|{minute}"] == 1 and values[f"key:a|tokens|{minute}"] == 100
+    assert f"key:a|tokens|{minute + 1}" not in values and f"key:a|requests|{minute + 1}" not in values
+    assert values["key:a|inflight"] == 0
+    _, headers = admit(limiter, settings, keys["a"])  # the next minute: all of it
+    assert headers["anthropic-ratelimit-tokens-remaining"] == "100"
+    assert headers["anthropic-ratelimit-requests-remaining"] == "1"
+    assert headers["anthropic-ratelimit-requests-reset"] == "2026-12-02T10:02:00Z"
+
+
+def test_a_stream_longer_than_a_minute_counts_its_tokens_in_its_admission_minute() -> None:
+    """A stream admitted at 10:00:30 that reports output for three minutes: every token in 10:00's counter (the
+    minute whose admission check let it in), none in the minutes it ran on through."""
+    settings, keys, limiter, clock = setup("auth: {keys: [{name: a, key: k, limits: {tokens_per_minute: 1000}}]}")
+    minute = int(clock.now // 60)
+    lease, _ = admit(limiter, settings, keys["a"])
+    assert lease is not None
+    for i in range(1, 4):
+        clock.now += 60
+        lease.count(100 * i, None)
+    lease.settle(400, None)
+    values = limiter.counters.values  # type: ignore[attr-defined]
+    assert {k: v for k, v in values.items() if "|tokens|" in k} == {f"key:a|tokens|{minute}": 400}
+
+
+def test_the_test_only_period_makes_every_budget_window_that_many_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MESSAGES_GATEWAY_TEST_PERIOD_S`` (what tests/e2e/test_limit_periods.py sets): windows of that many seconds,
+    aligned to the epoch, for day, week and month alike; read when the limiter is made."""
+    assert budget_window("day", 1_000_009.9, 10) == ("day:test-10s-100000", 1_000_010)
+    assert budget_window("month", 1_000_010, 10) == ("month:test-10s-100001", 1_000_020)
+    monkeypatch.setenv("MESSAGES_GATEWAY_TEST_PERIOD_S", "10")
+    settings, key, limiter, clock = budget_limiter("month")
+    clock.now = 1_000_009.5
+    lease, _ = admit(limiter, settings, key)
+    assert lease is not None
+    clock.now = 1_000_010.5  # settled in the next period: charged to the admission's
+    lease.settle(40, 5.0)
+    assert limiter.counters.values == {  # type: ignore[attr-defined]
+        "key:a|usd|month:test-10s-100000": 5.0,
+        "key:a|requests|16666": 1,
+        "key:a|tokens|16666": 40,
+        "key:a|inflight": 0,
+    }
+    admit(limiter, settings, key)
+    monkeypatch.setenv("MESSAGES_GATEWAY_TEST_PERIOD_S", "0")
+    with pytest.raises(ValueError, match="positive"):
+        Limiter()
+
+
+def test_in_memory_a_slot_given_back_after_its_counter_expired_leaves_no_negative_count() -> None:
+    from gateway.limits import MemoryCounters
+
+    counters = MemoryCounters()
+    counters.add_now([("a|inflight", 1, 10), ("b|inflight", 1, 100)], now=0)
+    counters.add_now([("a|inflight", -1, 10), ("b|inflight", -1, 10), ("c|inflight", -1, 10)], now=50)
+    assert "c|inflight" not in counters.values
+    assert counters.values.get("a|inflight", 0) >= 0 and counters.values["b|inflight"] == 0
+    counters.add_now([("b|inflight", -1, 10)], now=51)
+    assert counters.values["b|inflight"] == 0

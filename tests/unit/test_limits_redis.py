@@ -12,6 +12,7 @@ import pytest
 from gateway.edge import build_keys
 from gateway.limits import BudgetExceeded, Limiter, LimitStoreDown, RateLimited, RedisCounters
 from gateway.settings import parse_settings
+from tests.unit.test_limits import EDGE_IDS, EDGES, PRICING, RESETS, at
 
 CONFIG = """
 auth:
@@ -216,5 +217,162 @@ def test_a_settlement_redis_cannot_take_is_counted_as_a_store_error_without_a_ta
         finally:
             redis_server.start()
         await a.aclose()
+
+    asyncio.run(go())
+
+
+# Periods at their edges, in Redis as in memory (tests/unit/test_limits.py has the same cases): a request is
+# counted once, in the windows it was admitted in, even when its counts reach Redis after the window has ended.
+
+
+class Clock:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def clocked(url: str, prefix: str, yaml: str) -> tuple[Any, Any, Limiter, Clock, Any]:
+    import redis as sync_redis
+
+    settings = parse_settings(yaml + f'\nlimits: {{redis_url: "{url}"}}')
+    key = build_keys(settings.auth.keys, settings.teams)[0]
+    clock = Clock()
+    direct = sync_redis.Redis.from_url(url)
+    direct.delete(*direct.keys(prefix + "*") or ["-"])
+    return settings, key, Limiter(clock, counters=RedisCounters(url, prefix=prefix)), clock, direct
+
+
+def budget_yaml(per: str) -> str:
+    return f"auth: {{keys: [{{name: a, key: k, limits: {{budget: {{usd: 5, per: {per}}}}}}}]}}\n" + PRICING
+
+
+@pytest.mark.parametrize(("per", "admitted", "settled", "window", "following"), EDGES, ids=EDGE_IDS)
+def test_in_redis_a_request_across_a_budget_windows_end_is_charged_once_to_its_admissions_window(
+    redis_server: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    per: str,
+    admitted: str,
+    settled: str,
+    window: str,
+    following: str,
+) -> None:
+    import gateway.limits
+
+    monkeypatch.setattr(gateway.limits, "SHARED_COUNT_DELAY", 0.05)
+    prefix = f"p1{per}{admitted[:10]}:"
+    settings, key, limiter, clock, direct = clocked(redis_server.url, prefix, budget_yaml(per))
+
+    async def go() -> None:
+        clock.now = at(admitted)
+        lease, _ = await limiter.admit(settings, key)
+        assert lease is not None
+        clock.now += 0.3
+        lease.count(10, 1.0)  # message_start before the end; its flush runs after it, in the next window
+        clock.now = at(settled)
+        await asyncio.sleep(0.2)
+        assert float(direct.get(f"{prefix}key:a|usd|{window}") or 0) == 1.0
+        lease.count(30, 4.5)
+        lease.settle(40, 5.0)
+        await asyncio.sleep(0.1)
+        assert float(direct.get(f"{prefix}key:a|usd|{window}") or 0) == 5.0
+        assert direct.ttl(f"{prefix}key:a|usd|{window}") > 86_000  # kept a day past its window's end
+        assert not direct.exists(f"{prefix}key:a|usd|{following}")  # the next window starts at 0 ...
+        second, _ = await limiter.admit(settings, key)  # ... and admits
+        assert second is not None
+        second.settle(40, 5.0)
+        await asyncio.sleep(0.1)
+        assert float(direct.get(f"{prefix}key:a|usd|{following}") or 0) == 5.0
+        with pytest.raises(BudgetExceeded, match=r"spent \$5\.00 of its \$5 budget"):
+            await limiter.admit(settings, key)
+        await limiter.aclose()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(("per", "last", "first"), RESETS, ids=[f"{p}-{last[:10]}" for p, last, _ in RESETS])
+def test_in_redis_an_exhausted_budget_refuses_to_its_last_second_and_admits_at_the_next_windows_first(
+    redis_server: Any, per: str, last: str, first: str
+) -> None:
+    prefix = f"p2{per}{last[:10]}:"
+    settings, key, limiter, clock, _ = clocked(redis_server.url, prefix, budget_yaml(per))
+
+    async def go() -> None:
+        clock.now = at(last) - 3600
+        lease, _ = await limiter.admit(settings, key)
+        assert lease is not None
+        lease.settle(40, 5.0)
+        await asyncio.sleep(0.1)
+        for now in (at(last), at(last) + 0.999):
+            clock.now = now
+            with pytest.raises(BudgetExceeded) as info:
+                await limiter.admit(settings, key)
+            assert info.value.headers["retry-after"] == "1" and f"resets at {first}Z" in str(info.value.message)
+        clock.now = at(first)
+        lease, _ = await limiter.admit(settings, key)
+        assert lease is not None
+        await limiter.aclose()
+
+    asyncio.run(go())
+
+
+def test_in_redis_a_request_admitted_at_a_minutes_end_is_counted_once_in_it_though_its_flush_runs_in_the_next(
+    redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gateway.limits
+
+    monkeypatch.setattr(gateway.limits, "SHARED_COUNT_DELAY", 0.05)
+    prefix = "p3:"
+    settings, key, limiter, clock, direct = clocked(
+        redis_server.url,
+        prefix,
+        "auth: {keys: [{name: a, key: k, limits: {requests_per_minute: 2, tokens_per_minute: 100}}]}",
+    )
+
+    async def go() -> None:
+        clock.now = at("2026-12-02T10:00:59.5")
+        minute = int(clock.now // 60)
+        lease, _ = await limiter.admit(settings, key)
+        assert lease is not None
+        clock.now += 0.4
+        lease.count(60, None)  # message_start at 10:00:59.9; the flush that sends it runs at 10:01:00.5
+        clock.now = at("2026-12-02T10:01:00.5")
+        await asyncio.sleep(0.2)
+        assert float(direct.get(f"{prefix}key:a|tokens|{minute}") or 0) == 60
+        lease.count(90, None)  # a message_delta in the next minute
+        lease.settle(100, None)
+        await asyncio.sleep(0.1)
+        assert float(direct.get(f"{prefix}key:a|requests|{minute}") or 0) == 1
+        assert float(direct.get(f"{prefix}key:a|tokens|{minute}") or 0) == 100
+        assert not direct.exists(f"{prefix}key:a|tokens|{minute + 1}", f"{prefix}key:a|requests|{minute + 1}")
+        assert float(direct.get(f"{prefix}key:a|inflight") or 0) == 0
+        _, headers = await limiter.admit(settings, key)
+        assert headers["anthropic-ratelimit-tokens-remaining"] == "100"
+        assert headers["anthropic-ratelimit-requests-remaining"] == "1"
+        await limiter.aclose()
+
+    asyncio.run(go())
+
+
+def test_in_redis_a_slot_given_back_after_its_counter_expired_leaves_no_negative_count(redis_server: Any) -> None:
+    """The in-flight counter expires (a slot a crashed process never gave back is forgotten); a stream that outlived
+    it gives back only what the counter still holds: never below zero, never a recreated key."""
+    import redis as sync_redis
+
+    direct = sync_redis.Redis.from_url(redis_server.url)
+    counters = RedisCounters(redis_server.url, prefix="floor:")
+
+    async def go() -> None:
+        await counters.add([("a|inflight", 1, 3600), ("b|inflight", 2, 3600)])
+        direct.delete("floor:a|inflight")  # expired meanwhile
+        await counters.add([("a|inflight", -1, 3600), ("b|inflight", -1, 3600), ("c|inflight", -1, 3600)])
+        assert direct.get("floor:a|inflight") is None and direct.get("floor:c|inflight") is None
+        assert float(direct.get("floor:b|inflight") or 0) == 1
+        await counters.add([("b|inflight", -1, 3600), ("b|inflight", -1, 3600)])
+        assert direct.get("floor:b|inflight") is None
+        await counters.add([("b|tokens|1", 5, 120), ("b|tokens|1", -2, 120)])  # a positive count is unchanged
+        assert float(direct.get("floor:b|tokens|1") or 0) == 3
+        await counters.aclose()
 
     asyncio.run(go())
