@@ -9,9 +9,13 @@ for that API works against the gateway:
 
 The gateway's dimensions map onto the API's: a key's name is ``api_key_id``, its team ``workspace_id``, its user
 ``account_id``; the gateway adds ``alias``, ``provider`` and ``session_id`` groupings and filters. Buckets are
-UTC, aligned to the minute, hour or day; a bucket starts at or after ``starting_at`` (floored to the width) and
-ends at or before ``ending_at`` (default: now); empty buckets are included, oldest first. ``format=csv`` gives
-one line per result. An admin key (``admin.keys``) reads everything; a client key reads its own usage only.
+UTC, aligned to the minute, hour or day, from ``starting_at`` floored to the width up to and including the bucket
+that contains ``ending_at`` (default: now), as the Admin API's console shows today's spend: with ``1d`` and
+``starting_at`` today the answer is today so far. That last bucket is partial: its ``ending_at`` is the bucket's
+own end (``starting_at`` + the width), but it counts only the requests started before the requested end, so an
+``ending_at`` mid-bucket still leaves the later ones out. ``ending_at`` at or before ``starting_at`` is a 400.
+Empty buckets are included, oldest first. ``format=csv`` gives one line per result. An admin key
+(``admin.keys``) reads everything; a client key reads its own usage only.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ class ReportQuery(msgspec.Struct, frozen=True, kw_only=True):
     width: str
     limit: int
     first_bucket: int  # the page's first bucket (index from the window's start)
-    buckets: int  # in the whole window
+    buckets: int  # in the whole window, the partial last one included
     group_by: tuple[str, ...]  # the API's names
     csv: bool
 
@@ -126,12 +130,13 @@ def parse_report_query(params: dict[str, list[str]], *, cost: bool, now_ms: int)
         allowed = "1d" if cost else "1m, 1h or 1d"
         raise InvalidRequest(f"bucket_width: {width!r} is not one of {allowed}")
     step = _WIDTHS[width]
-    start = _time(started, "starting_at") // step * step
+    asked = _time(started, "starting_at")
+    start = asked // step * step
     ending = _one(params, "ending_at")
     end = _time(ending, "ending_at") if ending is not None else now_ms
-    buckets = (end - start) // step  # whole buckets that end at or before the end
-    if buckets <= 0:
+    if end <= asked:
         raise InvalidRequest("ending date must be after starting date")
+    buckets = -(-(end - start) // step)  # the ceiling: the bucket that contains the end is the last
     default, most = _LIMITS[width]
     raw_limit = _one(params, "limit")
     try:
@@ -149,7 +154,7 @@ def parse_report_query(params: dict[str, list[str]], *, cost: bool, now_ms: int)
     columns = tuple(allowed_groups[g] for g in group_by)
     filters = {_FILTERS[name]: tuple(values) for name, values in params.items() if name in _FILTERS}
     page_start = start + first * step
-    page_end = start + min(buckets, first + limit) * step
+    page_end = min(start + min(buckets, first + limit) * step, end)  # rows up to the requested end, not its bucket's
     query = UsageQuery(start_ms=page_start, end_ms=page_end, bucket_ms=step, group_by=columns, filters=filters)
     fmt = _one(params, "format")
     fmt = "json" if fmt is None else fmt
@@ -219,7 +224,7 @@ def _cents(usd: float | None) -> str:
 
 def _document(report: ReportQuery, totals: list[Totals], *, cost: bool) -> dict[str, Any]:
     query = report.query
-    count = (query.end_ms - query.start_ms) // query.bucket_ms
+    count = min(report.buckets - report.first_bucket, report.limit)  # the page's buckets, a partial last one too
     results: list[list[dict[str, Any]]] = [[] for _ in range(count)]
     for t in totals:
         if cost and not t.cost_usd:
@@ -234,7 +239,8 @@ def _document(report: ReportQuery, totals: list[Totals], *, cost: bool) -> dict[
         for i in range(count)
     ]
     more = report.first_bucket + count < report.buckets
-    return {"data": data, "has_more": more, "next_page": _cursor(query.end_ms) if more else None}
+    next_page = _cursor(query.start_ms + count * query.bucket_ms) if more else None
+    return {"data": data, "has_more": more, "next_page": next_page}
 
 
 def _csv(document: dict[str, Any]) -> bytes:

@@ -3,13 +3,18 @@ date before 1970 were 500s, an empty format was taken for json)."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.reports import parse_report_query
+from gateway.reports import ReportQuery, _csv, _cursor, _document, parse_report_query
+from gateway.store import LedgerRow, MemoryStore
 
 NOW = 1_764_633_600_000  # 2025-12-02T00:00:00Z
 DAY = 86_400_000
+HOUR = 3_600_000
 
 
 def parse(cost: bool = False, **params: str | list[str]) -> object:
@@ -37,6 +42,9 @@ def test_buckets_are_snapped_and_the_window_ends_at_now() -> None:
         {"starting_at": "2025-12-01T00:00:00Z", "format": ""},
         {"starting_at": "2025-12-01T00:00:00Z", "bucket_width": ""},
         {"starting_at": "2025-12-01T00:00:00Z", "ending_at": "2025-12-01T00:00:00Z"},
+        {"starting_at": "2025-12-01T13:45:00Z", "ending_at": "2025-12-01T13:30:00Z"},  # before it, in its bucket
+        {"starting_at": "2025-12-02T00:00:00Z"},  # ending_at defaults to now: 2025-12-02T00:00:00Z
+        {"starting_at": "2025-12-03T00:00:00Z"},
         {"starting_at": "2025-12-01T00:00:00Z", "limit": "0"},
         {"starting_at": "2025-12-01T00:00:00Z", "group_by": "model"},
         {"starting_at": "2025-12-01T00:00:00Z", "unknown": "x"},
@@ -55,3 +63,89 @@ def test_the_cost_report_takes_days_and_its_own_groups() -> None:
         parse(cost=True, starting_at="2025-12-01", **{"models[]": "x"})  # no filters on the cost report
     report = parse(cost=True, starting_at="2025-11-01", **{"group_by[]": ["workspace_id", "description"]})
     assert report.query.group_by == ("team", "model")  # type: ignore[attr-defined]
+
+
+MIDDAY = NOW + 13 * HOUR + 1_000  # 2025-12-02T13:00:01Z
+
+
+def answer(report: ReportQuery, *rows: LedgerRow, cost: bool = False) -> dict[str, Any]:
+    """The report's document over an in-memory ledger holding ``rows``."""
+    store = MemoryStore()
+    asyncio.run(store.write(rows))
+    return _document(report, asyncio.run(store.totals(report.query)), cost=cost)
+
+
+def row(started_ms: int, n: int, tokens: int = 10, cost: float = 0.01) -> LedgerRow:
+    return LedgerRow(started_ms=started_ms, request_id=f"r{n}", input_tokens=tokens, cost_usd=cost)
+
+
+def test_the_bucket_that_holds_the_end_is_included_partial() -> None:
+    """``starting_at`` today (ending_at: now, mid-day) is a valid window of one bucket, today's so far; its
+    ``ending_at`` is the day's end, but the query stops at now."""
+    report = parse_report_query({"starting_at": ["2025-12-02"]}, cost=False, now_ms=MIDDAY)
+    assert report.buckets == 1 and (report.query.start_ms, report.query.end_ms) == (NOW, MIDDAY)
+    doc = answer(report, row(NOW + 5, 1), row(MIDDAY - 1, 2), row(NOW - 1, 3))
+    assert doc["data"] == [
+        {
+            "starting_at": "2025-12-02T00:00:00Z",
+            "ending_at": "2025-12-03T00:00:00Z",
+            "results": doc["data"][0]["results"],
+        }
+    ]
+    assert [r["requests"] for r in doc["data"][0]["results"]] == [2]  # yesterday's is not in the window
+    assert not doc["has_more"] and doc["next_page"] is None
+    two = parse_report_query({"starting_at": ["2025-12-01T00:00:00Z"]}, cost=False, now_ms=MIDDAY)
+    doc = answer(two, row(NOW + 5, 1), row(NOW - 1, 2))
+    assert two.buckets == 2 and [b["ending_at"] for b in doc["data"]] == [
+        "2025-12-02T00:00:00Z",
+        "2025-12-03T00:00:00Z",
+    ]
+    assert [[r["requests"] for r in b["results"]] for b in doc["data"]] == [[1], [1]]
+    hourly = parse_report_query(
+        {"starting_at": ["2025-12-02T13:00:00Z"], "bucket_width": ["1h"]}, cost=False, now_ms=MIDDAY
+    )
+    assert hourly.buckets == 1 and hourly.query.end_ms == MIDDAY  # the current hour, one second of it
+    exact = parse_report_query({"starting_at": ["2025-12-01"], "ending_at": ["2025-12-02"]}, cost=False, now_ms=MIDDAY)
+    assert exact.buckets == 1 and exact.query.end_ms == NOW  # an end on a bucket's edge adds no empty bucket
+
+
+def test_rows_after_an_explicit_ending_at_are_not_counted() -> None:
+    params = {"starting_at": ["2025-12-02T00:00:00Z"], "ending_at": ["2025-12-02T06:30:00Z"], "bucket_width": ["1h"]}
+    report = parse_report_query(params, cost=False, now_ms=MIDDAY)
+    assert report.buckets == 7 and report.query.end_ms == NOW + 6 * HOUR + HOUR // 2
+    rows = [row(NOW + 6 * HOUR + 1, 1), row(NOW + 6 * HOUR + HOUR // 2 - 1, 2), row(NOW + 6 * HOUR + HOUR // 2, 3)]
+    doc = answer(report, *rows, row(NOW + 7 * HOUR, 4))
+    assert doc["data"][-1]["ending_at"] == "2025-12-02T07:00:00Z"  # aligned to the width
+    assert [r["requests"] for r in doc["data"][-1]["results"]] == [2]  # 06:30:00 and after are not
+    assert sum(len(b["results"]) for b in doc["data"]) == 1
+
+
+def test_pages_end_with_the_partial_bucket() -> None:
+    """Three whole days and today so far, two buckets a page: two pages, the cursor at the third day."""
+    params: dict[str, list[str]] = {"starting_at": ["2025-11-29"], "limit": ["2"]}
+    first = parse_report_query(params, cost=False, now_ms=MIDDAY)
+    assert first.buckets == 4 and first.query.end_ms - first.query.start_ms == 2 * DAY
+    rows = [row(NOW - 3 * DAY + i, i) for i in range(2)] + [row(NOW - DAY, 2), row(MIDDAY - 1, 3), row(MIDDAY, 4)]
+    doc = answer(first, *rows)
+    assert len(doc["data"]) == 2 and doc["has_more"] and doc["next_page"].startswith("page_")
+    assert [r["requests"] for b in doc["data"] for r in b["results"]] == [2]
+    second = parse_report_query({**params, "page": [doc["next_page"]]}, cost=False, now_ms=MIDDAY)
+    assert second.first_bucket == 2 and (second.query.start_ms, second.query.end_ms) == (NOW - DAY, MIDDAY)
+    more = answer(second, *rows)
+    assert [b["starting_at"] for b in more["data"]] == ["2025-12-01T00:00:00Z", "2025-12-02T00:00:00Z"]
+    assert more["data"][-1]["ending_at"] == "2025-12-03T00:00:00Z"
+    assert [[r["requests"] for r in b["results"]] for b in more["data"]] == [[1], [1]]  # not the one at now
+    assert not more["has_more"] and more["next_page"] is None
+    past = _cursor(NOW + DAY)  # the bucket after the partial one is not in the window
+    with pytest.raises(InvalidRequest):
+        parse_report_query({**params, "page": [past]}, cost=False, now_ms=MIDDAY)
+
+
+def test_the_cost_report_and_csv_show_today_so_far() -> None:
+    report = parse_report_query({"starting_at": ["2025-12-02"]}, cost=True, now_ms=MIDDAY)
+    doc = answer(report, row(NOW + 1, 1, cost=0.5), row(NOW + 2, 2, cost=0.25), row(MIDDAY, 3, cost=9.0), cost=True)
+    (bucket,) = doc["data"]
+    assert bucket["ending_at"] == "2025-12-03T00:00:00Z" and [r["amount"] for r in bucket["results"]] == ["75"]
+    usage = parse_report_query({"starting_at": ["2025-12-02"], "format": ["csv"]}, cost=False, now_ms=MIDDAY)
+    lines = _csv(answer(usage, row(NOW + 1, 1), row(MIDDAY, 2))).decode().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("2025-12-02T00:00:00Z,2025-12-03T00:00:00Z,10,")
