@@ -56,6 +56,7 @@ def _ledger(settings: StoreSettings, metrics: Metrics) -> Ledger | None:
         retention_days=settings.retention_days,
     )
 
+
 log = logging.getLogger("gateway")
 
 

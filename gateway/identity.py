@@ -47,6 +47,7 @@ class Snapshot(Protocol):
     settings: Settings
     key_index: dict[bytes, ClientKey]
 
+
 __all__ = ["KEY_PREFIX", "POLL_S", "Identity", "IssuedKeys", "KeyRequest"]
 
 log = logging.getLogger("gateway")

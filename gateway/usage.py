@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Outcome", "UsageTally", "access_line", "access_log", "fold_usage", "overwrite_present", "usage_of"]
 
+
 class Outcome:
     COMPLETED = "completed"
     UPSTREAM_ERROR = "upstream_error"

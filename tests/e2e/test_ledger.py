@@ -216,8 +216,9 @@ def test_metrics_labels_count_per_key_and_team_when_asked(fake: FakeClaudeAPI, t
         saw = drive(labelled)
         alice = sum((u for (key, _), u in saw.items() if key == "alice"), Counter())
         settled(labelled, 5)  # the cancelled stream is recorded when the gateway sees the client gone
-        assert labelled.sample("gateway_key_tokens_total", key="alice", team="payments", type="input") == (
-            alice["input_tokens"]
+        assert (
+            labelled.sample("gateway_key_tokens_total", key="alice", team="payments", type="input")
+            == (alice["input_tokens"])
         )
         assert labelled.sample("gateway_key_requests_total", key="carol", team="infra", outcome="completed") == 1
         assert labelled.sample("gateway_key_cost_usd_total", key="bob", team="payments") > 0
