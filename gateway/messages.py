@@ -276,6 +276,7 @@ async def _serve(
     # waits on receive() for the disconnect.
     watch = _Watch(scope, receive, task)
     try:
+        gw.streams[task] = context  # the drain deadline ends what is still waiting: a JSON answer, a first event
         try:
             if not stream:
                 answer = await (pipeline.count_tokens if count else pipeline.complete)(
@@ -290,9 +291,18 @@ async def _serve(
             tally.record(pipeline.outcome_of(exc))
             await send_error(send, exc, rid, reply)
             return
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            if exc.args and exc.args[0] == DRAIN_CANCEL and not reply.started and not watch.client_left():
+                task.uncancel()  # still waiting for the provider at the drain's deadline: answered, never cut
+                shutting = Overloaded("the gateway is shutting down; retry the request")
+                tally.status = shutting.status_code
+                tally.record(Outcome.TIMEOUT)
+                await send_error(send, shutting, rid, reply)
+                return
             tally.record(Outcome.CLIENT_CANCELLED)
             raise
+        finally:
+            gw.streams.pop(task, None)
         extra = {
             "request-id": rid,
             **opened.stream.headers,

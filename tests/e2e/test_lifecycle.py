@@ -28,7 +28,9 @@ providers:
   m3: {{kind: mock, deltas: 3, event_delay_ms: 2}}
   slow: {{kind: mock, deltas: 60, event_delay_ms: 100}}
   quick: {{kind: mock, deltas: 4, event_delay_ms: 50}}
+  late: {{kind: mock, first_event_delay_ms: 8000}}
 models:
+  late: {{targets: [{{provider: late}}]}}
   live: {{targets: [{{provider: {target}}}]}}
   slow: {{targets: [{{provider: slow}}]}}
   quick: {{targets: [{{provider: quick}}]}}
@@ -98,6 +100,7 @@ def test_sigterm_drains_then_ends_the_rest_with_an_error(tmp_path: Path, serve: 
     results: dict[str, str] = {}
 
     begun = {alias: threading.Event() for alias in ("slow", "quick")}
+    answers: dict[str, httpx.Response] = {}
 
     def stream(alias: str) -> None:
         body = {"model": alias, "stream": True, **KW}
@@ -105,10 +108,17 @@ def test_sigterm_drains_then_ends_the_rest_with_an_error(tmp_path: Path, serve: 
             begun[alias].set()  # the response has started: the stream is in flight
             results[alias] = resp.read().decode()
 
+    def late(stream: bool) -> None:  # still waiting for the provider at the drain's deadline
+        answers[f"late-{stream}"] = httpx.post(
+            f"{gw.url}/v1/messages", json={"model": "late", "stream": stream, **KW}, timeout=30
+        )
+
     threads = [threading.Thread(target=stream, args=(alias,)) for alias in ("slow", "quick")]
+    threads += [threading.Thread(target=late, args=(flag,)) for flag in (False, True)]
     for thread in threads:
         thread.start()
     assert all(event.wait(10) for event in begun.values())
+    time.sleep(0.2)  # the two late requests have reached the provider
     started = time.monotonic()
     gw.proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + 5
@@ -129,6 +139,10 @@ def test_sigterm_drains_then_ends_the_rest_with_an_error(tmp_path: Path, serve: 
     slow = event_names(results["slow"])
     assert slow[0] == "message_start" and slow[-1] == "error" and "message_stop" not in slow
     assert '"type":"overloaded_error"' in results["slow"].rsplit("event: error", 1)[1]
+    for answer in answers.values():  # answered in the envelope at the deadline, not cut by the server's backstop
+        assert answer.status_code == 529, answer.text
+        assert answer.json()["error"]["type"] == "overloaded_error"
+    assert len(answers) == 2
     assert gw.proc.wait(15) is not None
     assert time.monotonic() - started < 10
 
