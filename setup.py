@@ -1,8 +1,8 @@
 """Only the optional C extensions live here; every other piece of metadata is in pyproject.toml.
 
 ``adapters._eventstream_c`` is the event-stream frame loop compiled (adapters/_eventstream.py falls back to
-its pure-Python twin when it is missing); ``gateway._views_c`` answers the commonest event's partial decode
-from a cache (gateway/events.py uses msgspec alone without it). ``optional=True``: without a C compiler the
+its pure-Python twin when it is missing); ``gateway.wire._views_c`` answers the commonest event's partial decode
+from a cache (gateway/wire/events.py uses msgspec alone without it). ``optional=True``: without a C compiler the
 build prints a warning and the package installs anyway.
 """
 
@@ -17,8 +17,8 @@ setup(
             optional=True,
         ),
         Extension(
-            "gateway._views_c",
-            sources=["gateway/_views_c.c"],
+            "gateway.wire._views_c",
+            sources=["gateway/wire/_views_c.c"],
             extra_compile_args=["-O3"],
             optional=True,
         ),

@@ -15,7 +15,7 @@ from gateway.settings import (
     ProviderConfig,
     VertexProvider,
 )
-from gateway.upstream import HttpClient
+from gateway.wire.upstream import HttpClient
 
 from .base import Adapter
 from .bedrock import BedrockAdapter, BedrockConverseAdapter

@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
-from gateway.errors import GatewayError
-from gateway.request import ProxyRequest
 from gateway.settings import AwsAuthSettings
+from gateway.wire.errors import GatewayError
+from gateway.wire.request import ProxyRequest
 
 from ._http import Auth, HeaderAuth
 

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from gateway.errors import UpstreamStatusError, error_frame, error_type_for_status
-from gateway.events import Batch, ErrorDetail, ErrorEvent, EventView, Usage, decode_views, encode_event
-from gateway.fold import fold_usage
-from gateway.sse import encode_frames, frame_header
-from gateway.upstream import StreamInterrupted, UpstreamResponse
+from gateway.wire.errors import UpstreamStatusError, error_frame, error_type_for_status
+from gateway.wire.events import Batch, ErrorDetail, ErrorEvent, EventView, Usage, decode_views, encode_event
+from gateway.wire.sse import encode_frames, frame_header
+from gateway.wire.upstream import StreamInterrupted, UpstreamResponse
+from gateway.wire.usage_fold import fold_usage
 
 from ._converse import STREAM_EXCEPTIONS, ConverseTranscoder
 from ._eventstream import EventStreamDecoder, EventStreamError, EventStreamMessage, parse_headers

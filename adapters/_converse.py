@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
-from gateway.errors import error_frame
-from gateway.sse import encode_frame
+from gateway.wire.errors import error_frame
+from gateway.wire.sse import encode_frame
 
 from ._converse_request import FROM_LOCATION as _FROM_LOCATION
 from ._converse_request import INDEX_KEY as _INDEX_KEY

@@ -13,8 +13,8 @@ import asyncio
 import time
 from typing import Any
 
-from gateway.errors import GatewayError
 from gateway.settings import EntraSettings
+from gateway.wire.errors import GatewayError
 
 __all__ = ["EntraTokenSource", "EntraUnavailable"]
 

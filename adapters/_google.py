@@ -17,7 +17,7 @@ import os
 import warnings
 from typing import Any
 
-from gateway.errors import GatewayError
+from gateway.wire.errors import GatewayError
 
 __all__ = ["CLOUD_PLATFORM", "GoogleCredentialsUnavailable", "GoogleTokenSource"]
 

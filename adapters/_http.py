@@ -15,8 +15,8 @@ import enum
 from collections.abc import Awaitable, Callable, Mapping
 from typing import NamedTuple
 
-from gateway.request import ProxyRequest
-from gateway.upstream import MAX_ERROR_BYTES, BodyTooLarge, HttpClient, Timeouts, UpstreamResponse
+from gateway.wire.request import ProxyRequest
+from gateway.wire.upstream import MAX_ERROR_BYTES, BodyTooLarge, HttpClient, Timeouts, UpstreamResponse
 
 from .base import EventStream, JsonReply, SseEventStream, checked, raise_for_upstream
 

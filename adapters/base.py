@@ -18,11 +18,11 @@ from urllib.parse import quote
 
 import msgspec
 
-from gateway.errors import InvalidRequest, UpstreamStatusError, error_type_for_status
-from gateway.events import MALFORMED, Batch, decode_view, decode_views
-from gateway.request import ProxyRequest
-from gateway.sse import FrameTooLarge, SseDecoder, split_block, split_canonical
-from gateway.upstream import MAX_ANSWER_BYTES, MAX_ERROR_BYTES, BodyTooLarge, StreamInterrupted, UpstreamResponse
+from gateway.wire.errors import InvalidRequest, UpstreamStatusError, error_type_for_status
+from gateway.wire.events import MALFORMED, Batch, decode_view, decode_views
+from gateway.wire.request import ProxyRequest
+from gateway.wire.sse import FrameTooLarge, SseDecoder, split_block, split_canonical
+from gateway.wire.upstream import MAX_ANSWER_BYTES, MAX_ERROR_BYTES, BodyTooLarge, StreamInterrupted, UpstreamResponse
 
 __all__ = [
     "NOT_JSON",

@@ -16,10 +16,10 @@ from typing import Any
 
 import msgspec
 
-from gateway.errors import InvalidRequest, UpstreamStatusError
-from gateway.request import ProxyRequest
 from gateway.settings import BedrockProvider
-from gateway.upstream import HttpClient, Timeouts, UpstreamResponse
+from gateway.wire.errors import InvalidRequest, UpstreamStatusError
+from gateway.wire.request import ProxyRequest
+from gateway.wire.upstream import HttpClient, Timeouts, UpstreamResponse
 
 from ._aws import aws_auth, aws_region, bedrock_api_key
 from ._bedrock_stream import (

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.request import ProxyRequest
 from gateway.settings import AnthropicProvider, BedrockMantleProvider, ClaudeAwsProvider, FoundryProvider
-from gateway.upstream import HttpClient, Timeouts
+from gateway.wire.request import ProxyRequest
+from gateway.wire.upstream import HttpClient, Timeouts
 
 from ._aws import aws_auth, aws_region, bedrock_api_key
 from ._http import USER_AGENT, Auth, BearerAuth, ClientKeyAuth, HeaderAuth, HttpAdapter, Operation, Prepared

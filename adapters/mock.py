@@ -9,11 +9,11 @@ from collections.abc import AsyncGenerator
 
 import msgspec
 
-from gateway.errors import InvalidRequest
-from gateway.events import Batch, decode_views
-from gateway.request import ProxyRequest
 from gateway.settings import MockProvider
-from gateway.sse import encode_frame
+from gateway.wire.errors import InvalidRequest
+from gateway.wire.events import Batch, decode_views
+from gateway.wire.request import ProxyRequest
+from gateway.wire.sse import encode_frame
 
 from ._mock_answer import estimate_input_tokens, mock_events, mock_message
 from .base import JsonReply

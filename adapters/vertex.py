@@ -13,10 +13,10 @@ import contextlib
 from collections.abc import AsyncGenerator
 from urllib.parse import quote
 
-from gateway.events import Batch
-from gateway.request import ProxyRequest
 from gateway.settings import VertexProvider
-from gateway.upstream import HttpClient, Timeouts, UpstreamResponse
+from gateway.wire.events import Batch
+from gateway.wire.request import ProxyRequest
+from gateway.wire.upstream import HttpClient, Timeouts, UpstreamResponse
 
 from ._google import GoogleCredentialsUnavailable, GoogleTokenSource
 from ._http import ACCEPT_JSON, BearerAuth, HttpAdapter, Operation, Prepared, base_headers

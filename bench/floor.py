@@ -3,7 +3,7 @@
 hour, not only against figures of another day.
 
 uvicorn (uvloop + httptools, no access log, no proxy headers) serving a plain ASGI function that sends the
-request body to the fake upstream with the gateway's own upstream client (``gateway.upstream.H1Client``, the
+request body to the fake upstream with the gateway's own upstream client (``gateway.wire.upstream.H1Client``, the
 minimal ``asyncio.Protocol`` + httptools client) and writes the answer's bytes back as they arrive: no key, no
 routing, no limits, no decode, no validation, no usage, no metrics, no access line. What the gateway does on top
 of this is its features; what this costs is the server, the client and the kernel.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from gateway.upstream import H1Client, Timeouts
+from gateway.wire.upstream import H1Client, Timeouts
 
 __all__ = ["main", "make_app"]
 

@@ -1,11 +1,11 @@
 """What the usage ledger's store costs the gateway process per row, on 500-row batches (the ledger writes
-batches): the chosen drivers through ``gateway.store`` itself (stdlib sqlite3 in a worker thread; asyncpg), and
-the alternatives on the same table and statement (aiosqlite; psycopg 3's async executemany).
+batches): the chosen drivers through ``gateway.governance.store`` itself (stdlib sqlite3 in a worker thread;
+asyncpg), and the alternatives on the same table and statement (aiosqlite; psycopg 3's async executemany).
 
     python -m bench.ledger_store          # from the repository root; PostgreSQL from Debian's package
 
 Needs aiosqlite and psycopg[binary] for the alternatives (skipped when missing). The choice it measured is
-recorded in gateway/store.py and docs/design.md.
+recorded in gateway/governance/store.py and docs/design.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.store import _SQL_COLUMNS, LedgerRow, open_store
+from gateway.governance.store import _SQL_COLUMNS, LedgerRow, open_store
 from tests.postgres import new_database, start_postgres
 
 BATCH, BATCHES = 500, 40
@@ -81,7 +81,7 @@ async def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 store = open_store(f"sqlite:///{tmp}/ledger.db")
                 await store.open()
-                await measure("gateway.store SQLite (sqlite3)", store.write)
+                await measure("gateway.governance.store SQLite (sqlite3)", store.write)
                 await store.aclose()
                 try:
                     import aiosqlite
@@ -98,7 +98,7 @@ async def main() -> None:
             url = new_database(server)
             pg = open_store(url)
             await pg.open()
-            await measure("gateway.store PostgreSQL (asyncpg)", pg.write)
+            await measure("gateway.governance.store PostgreSQL (asyncpg)", pg.write)
             await pg.aclose()
             try:
                 import psycopg

@@ -530,7 +530,7 @@ check_extensions() {
   }
   "$ENGINE" exec "$NAME" python -c '
 from adapters._eventstream import IMPLEMENTATION
-from gateway.events import COMPILED_VIEWS
+from gateway.wire.events import COMPILED_VIEWS
 assert IMPLEMENTATION == "c", IMPLEMENTATION
 assert COMPILED_VIEWS is True, COMPILED_VIEWS'
   if logs_has "$NAME" 'was not built'; then

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gateway.server import PROTOCOL
+from gateway.http.server import PROTOCOL
 from gateway.settings import ConfigError, Settings, default_config_path, load_settings
 
 if TYPE_CHECKING:
-    from gateway.app import GatewayApp
+    from gateway.http.app import GatewayApp
 
 __all__ = ["app_from_env", "configure_logging", "main", "serving_warnings"]
 
@@ -31,7 +31,7 @@ def configure_logging() -> None:
     """INFO and up to stderr, one line per record (the access log is one per request), in this process.
     The format uses none of the caller, thread or process fields, so the logging module is told not to
     collect them (the logging HOWTO's "Optimization" switches): ~10 µs less per access-log line."""
-    from gateway.recording import write_access_lines_to
+    from gateway.observability.recording import write_access_lines_to
 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     handlers = logging.root.handlers
@@ -45,8 +45,8 @@ def configure_logging() -> None:
 def app_from_env() -> GatewayApp:
     """The uvicorn factory: every worker process builds its own app from the same config file (and, being
     a fresh process when there are several workers, sets up its own logging)."""
-    from gateway.app import create_app
-    from gateway.upstream import DEFAULT_CLIENT
+    from gateway.http.app import create_app
+    from gateway.wire.upstream import DEFAULT_CLIENT
 
     configure_logging()
     path = os.environ.get(_CONFIG_ENV) or default_config_path()
@@ -63,11 +63,11 @@ def serving_warnings(
     """What an operator should know before serving. Metrics: one process per container is this gateway's
     mode (prometheus-client's registries are per process); several workers split the counters between
     processes and a scrape sees whichever one answers. ``decoder``: which event-stream frame loop is in use
-    (default: the one imported); ``views``: whether gateway._views_c is in use (default: whether it imported)."""
+    (default: the one imported); ``views``: whether gateway.wire._views_c is in use (default: whether it imported)."""
     if decoder is None:
         from adapters._eventstream import IMPLEMENTATION as decoder
     if views is None:
-        from gateway.events import COMPILED_VIEWS as views
+        from gateway.wire.events import COMPILED_VIEWS as views
     notes = []
     if decoder != "c":
         notes.append(
@@ -76,7 +76,7 @@ def serving_warnings(
         )
     if not views:
         notes.append(
-            "gateway._views_c was not built (no C compiler at install time): every event is decoded by msgspec, "
+            "gateway.wire._views_c was not built (no C compiler at install time): every event is decoded by msgspec, "
             "~0.1 ms more CPU per 200-delta stream"
         )
     return notes
@@ -150,12 +150,12 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
     return {
         "factory": True,
         "loop": "uvloop",
-        "http": PROTOCOL,  # httptools, with limits on the request head (gateway/server.py)
+        "http": PROTOCOL,  # httptools, with limits on the request head (gateway/http/server.py)
         "lifespan": "on",
         "access_log": False,
         "log_level": "warning",
         # SIGTERM: the gateway ends streams still running after drain_timeout_s with an `error` event
-        # (gateway.app); uvicorn's own limit is a backstop a little later.
+        # (gateway.http.app); uvicorn's own limit is a backstop a little later.
         "timeout_graceful_shutdown": math.ceil(settings.server.drain_timeout_s) + 5,
     }
 

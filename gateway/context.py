@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.edge import ClientKey
-    from gateway.events import Batch
-    from gateway.limits import Lease
+    from gateway.governance.keys import ClientKey
+    from gateway.governance.limits import Lease
     from gateway.runtime import Runtime
+    from gateway.wire.events import Batch
 
 __all__ = ["DRAIN_CANCEL", "Reply", "RequestContext"]
 
@@ -78,7 +78,7 @@ class RequestContext:
         self.deadline: float | None = None
         self.attempts = 0  # upstream attempts made so far
         self.stream = False  # the client asked for a stream
-        self.lease: Lease | None = None  # the request's hold on its rate limits and budgets (gateway.limits)
+        self.lease: Lease | None = None  # the request's hold on its rate limits and budgets (gateway.governance.limits)
         self.response_headers: dict[str, str] = {}  # the gateway's own headers for the response (a clamp…)
         # (the chunk of the body the pipeline yielded last, the batch it is) when the chunk is a whole batch: a
         # surface encodes from the batch's decoded events (or sends the provider's own bytes of it,

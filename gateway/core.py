@@ -1,5 +1,5 @@
 """The process's state, beneath the HTTP layer: the current ``Runtime``, the metrics, the upstream client, the
-streams in flight; reload, watch and drain. The ASGI application (``gateway.app``) and every route handler take
+streams in flight; reload, watch and drain. The ASGI application (``gateway.http.app``) and every route handler take
 a ``Gateway``; nothing here knows of HTTP routes."""
 
 from __future__ import annotations
@@ -13,20 +13,20 @@ from typing import Any
 
 from adapters import Adapter
 from gateway.context import DRAIN_CANCEL, RequestContext
-from gateway.edge import ClientKey
-from gateway.identity import Identity, IssuedKeys
-from gateway.ledger import Ledger
-from gateway.limits import Counters, Limiter, RedisCounters
-from gateway.metrics import Metrics
-from gateway.recording import Recorder
-from gateway.resilience import Resilience
-from gateway.routing import RouteTable
+from gateway.governance.identity import Identity, IssuedKeys
+from gateway.governance.keys import ClientKey
+from gateway.governance.ledger import Ledger
+from gateway.governance.limits import Counters, Limiter, RedisCounters
+from gateway.governance.store import open_store
+from gateway.observability.metrics import Metrics
+from gateway.observability.recording import Recorder
+from gateway.observability.tracing import request_tracer
+from gateway.observability.usage import Outcome
+from gateway.routing.resilience import Resilience
+from gateway.routing.table import RouteTable
 from gateway.runtime import Runtime, build_runtime
 from gateway.settings import ConfigError, Settings, StoreSettings, load_settings
-from gateway.store import open_store
-from gateway.tracing import request_tracer
-from gateway.upstream import HttpClient
-from gateway.usage import Outcome
+from gateway.wire.upstream import HttpClient
 
 __all__ = ["BreakerCollector", "Gateway"]
 

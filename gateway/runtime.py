@@ -15,14 +15,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from adapters import Adapter, build_adapter
-from gateway.edge import ClientKey, build_keys
-from gateway.resilience import Resilience
-from gateway.routing import RouteTable
+from gateway.governance.keys import ClientKey, build_keys
+from gateway.routing.resilience import Resilience
+from gateway.routing.table import RouteTable
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
-    from gateway.metrics import Metrics
-    from gateway.upstream import HttpClient
+    from gateway.observability.metrics import Metrics
+    from gateway.wire.upstream import HttpClient
 
 __all__ = ["Runtime", "build_runtime"]
 
@@ -61,7 +61,7 @@ class Runtime:
         self.routes = routes
         self.resilience = resilience
         self.keys = keys
-        self.key_index: dict[bytes, ClientKey] = {}  # digest -> key (gateway.identity looks keys up by digest)
+        self.key_index: dict[bytes, ClientKey] = {}  # digest -> key (governance.identity looks keys up by digest)
         for key in keys:
             self.key_index.setdefault(key.digest, key)  # two entries with one key: the first is the one
         self.admin_keys = admin_keys

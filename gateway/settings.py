@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
 import yaml
@@ -29,6 +31,7 @@ __all__ = [
     "ClaudeAwsProvider",
     "ConfigError",
     "DefaultLimits",
+    "Endpoint",
     "EntraSettings",
     "FoundryProvider",
     "LimitSettings",
@@ -49,6 +52,7 @@ __all__ = [
     "default_config_path",
     "load_settings",
     "parse_settings",
+    "parse_url",
 ]
 
 
@@ -124,12 +128,62 @@ class Budget(_Strict, frozen=True, kw_only=True):
 
 
 class LimitSettings(_Strict, frozen=True, kw_only=True):
-    """Limits a request must pass (``gateway/limits.py``); unset: no limit of that kind."""
+    """Limits a request must pass (``gateway/governance/limits.py``); unset: no limit of that kind."""
 
     requests_per_minute: Annotated[int, msgspec.Meta(ge=1)] | None = None
     tokens_per_minute: Annotated[int, msgspec.Meta(ge=1)] | None = None
     max_inflight: Annotated[int, msgspec.Meta(ge=1)] | None = None
     budget: Budget | None = None
+
+
+# The Redis URL of limits.redis_url (the client, gateway.governance.redis_client, connects to what it says).
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    host: str = "127.0.0.1"
+    port: int = 6379
+    path: str | None = None  # a Unix socket
+    tls: bool = False
+    username: str | None = None
+    password: str | None = None
+    db: int = 0
+
+
+def parse_url(url: str) -> Endpoint:
+    """``redis://[[user]:password@]host[:port][/db]``, ``rediss://…`` (TLS) or ``unix://[[user]:password@]/path[?db=N]``;
+    ``ValueError`` saying what is wrong otherwise."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"limits.redis_url must start with redis://, rediss:// or unix:// (got {url.split(':')[0]!r})")
+    query = parse_qs(parts.query)
+    unknown = set(query) - {"db"}
+    if unknown:
+        raise ValueError(f"limits.redis_url: unsupported parameter(s) {', '.join(sorted(unknown))} (only db)")
+    db_text = parts.path.strip("/") if parts.scheme != "unix" else ""
+    if "db" in query:
+        db_text = query["db"][-1]
+    try:
+        db = int(db_text or 0)
+        port = parts.port if parts.scheme != "unix" else None
+    except ValueError:
+        raise ValueError(f"limits.redis_url: the database and the port must be numbers in {url!r}") from None
+    if db < 0:
+        raise ValueError("limits.redis_url: the database number must be 0 or more")
+    username = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password is not None else None
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError("limits.redis_url: unix:// needs a socket path (unix:///run/redis.sock)")
+        return Endpoint(path=parts.path, username=username, password=password, db=db)
+    if not parts.hostname:
+        raise ValueError(f"limits.redis_url: no host in {url!r}")
+    return Endpoint(
+        host=parts.hostname,
+        port=port or 6379,
+        tls=parts.scheme == "rediss",
+        username=username,
+        password=password,
+        db=db,
+    )
 
 
 class DefaultLimits(LimitSettings, frozen=True, kw_only=True):
@@ -143,8 +197,6 @@ class DefaultLimits(LimitSettings, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         if self.redis_url is not None:
-            from gateway.resp import parse_url
-
             parse_url(self.redis_url)  # ValueError: what is wrong with it
 
 
@@ -183,10 +235,11 @@ JwtAlgorithm = Literal["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES
 
 
 class JwtSettings(_Strict, frozen=True, kw_only=True):
-    """Bearer JWTs from the organisation's identity provider (``gateway/jwt_auth.py``). The signature is checked
-    against the issuer's JWKS (``jwks_url``, else the ``jwks_uri`` of ``{issuer}/.well-known/openid-configuration``),
-    fetched and cached, refetched for a ``kid`` it does not hold; ``exp``, ``nbf``, ``iss`` and ``aud`` are checked.
-    ``user_claim`` and ``team_claim`` name the claims that attribute the request (limits, ledger)."""
+    """Bearer JWTs from the organisation's identity provider (``gateway/governance/jwt_auth.py``). The signature is
+    checked against the issuer's JWKS (``jwks_url``, else the ``jwks_uri`` of
+    ``{issuer}/.well-known/openid-configuration``), fetched and cached, refetched for a ``kid`` it does not hold;
+    ``exp``, ``nbf``, ``iss`` and ``aud`` are checked. ``user_claim`` and ``team_claim`` name the claims that
+    attribute the request (limits, ledger)."""
 
     issuer: Annotated[str, msgspec.Meta(min_length=1)]
     audience: Annotated[str, msgspec.Meta(min_length=1)]

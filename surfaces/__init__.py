@@ -2,7 +2,7 @@
 canonical request, and the gateway's answer made into what that client expects back.
 
 An adapter is canonical ↔ provider; a surface is client shape ↔ canonical. So N surfaces and M providers are
-N + M pieces, and every surface enters through the one edge path (``gateway.messages``): the same
+N + M pieces, and every surface enters through the one edge path (``gateway.http.messages``): the same
 authentication, limits, pipeline, validator, usage fold, metrics, access line and ledger.
 
 ``match(method, path)`` names the surface call a request is (``None``: not one of theirs); the call rewrites the

@@ -9,8 +9,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from gateway.errors import InvalidRequest, NotFound
-from gateway.events import Batch
+from gateway.wire.errors import InvalidRequest, NotFound
+from gateway.wire.events import Batch
 
 __all__ = ["Call", "PathCall", "Routes", "Wire", "canonical_body", "cloud_model_names", "resolve_cloud_model"]
 
@@ -32,7 +32,7 @@ class Wire(Protocol):
 
 
 class Routes(Protocol):
-    """What mapping reads of the route table (``gateway.routing.RouteTable``)."""
+    """What mapping reads of the route table (``gateway.routing.table.RouteTable``)."""
 
     def by_cloud_id(self, kind: str, cloud_id: str) -> Any: ...
 

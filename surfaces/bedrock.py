@@ -1,5 +1,5 @@
 """Bedrock InvokeModel, inbound: ``POST /model/{modelId}/invoke``, ``/invoke-with-response-stream``,
-``/count-tokens``, and ``GET /inference-profiles`` (``gateway.api``), as ``AnthropicBedrock`` and Claude Code's
+``/count-tokens``, and ``GET /inference-profiles`` (``gateway.http.routes``), as ``AnthropicBedrock`` and Claude Code's
 Bedrock mode send them.
 
 Requests: the model from the path (``:`` raw or ``%3A``, ARNs with ``%2F``), mapped onto an alias
@@ -29,10 +29,10 @@ from urllib.parse import unquote
 import msgspec
 
 from adapters._eventstream import HeaderValue, encode_chunks, encode_message
-from gateway.errors import InvalidRequest
-from gateway.events import Batch, EventView, Usage, UsageView, decode_view
-from gateway.fold import fold_usage
-from gateway.sse import split_block
+from gateway.wire.errors import InvalidRequest
+from gateway.wire.events import Batch, EventView, Usage, UsageView, decode_view
+from gateway.wire.sse import split_block
+from gateway.wire.usage_fold import fold_usage
 from surfaces.base import PathCall, Routes, Send, Wire, canonical_body, resolve_cloud_model
 
 __all__ = ["BEDROCK_PREFIX", "BedrockCall", "bedrock_error", "inference_profiles", "match_bedrock"]

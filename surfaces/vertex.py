@@ -18,7 +18,7 @@ from collections.abc import MutableMapping
 
 import msgspec
 
-from gateway.errors import InvalidRequest
+from gateway.wire.errors import InvalidRequest
 from surfaces.base import PathCall, Routes, Send, Wire, canonical_body, resolve_cloud_model
 
 __all__ = ["VERTEX_PREFIX", "VertexCall", "match_vertex"]

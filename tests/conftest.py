@@ -18,12 +18,12 @@ import anthropic
 import pytest
 import uvicorn
 
-from gateway.app import create_app
-from gateway.metrics import Metrics
-from gateway.pipeline import Resilience
-from gateway.server import PROTOCOL
+from gateway.http.app import create_app
+from gateway.http.server import PROTOCOL
+from gateway.observability.metrics import Metrics
+from gateway.routing.pipeline import Resilience
 from gateway.settings import Settings, parse_settings
-from gateway.upstream import DEFAULT_CLIENT
+from gateway.wire.upstream import DEFAULT_CLIENT
 from tests.fakes.claude_api import FakeClaudeAPI
 from tests.postgres import PostgresServer, find_bin_dir, start_postgres
 

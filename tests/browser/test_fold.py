@@ -1,4 +1,4 @@
-"""The playground's fold (``gateway/web/fold.js``) unit-tested in the browser against the recorded Claude API
+"""The playground's fold (``gateway/http/web/fold.js``) unit-tested in the browser against the recorded Claude API
 streams in ``tests/fixtures/claude``: what it folds equals the ``Message`` the SDK's accumulator builds
 from the same events, whatever the chunking and line endings; broken streams end incomplete."""
 

@@ -50,7 +50,7 @@ Serve = Callable[..., Any]
 
 def mode_env(mode: str, url: str, key: str = KEY) -> dict[str, str]:
     """The environment that points Claude Code at the gateway ``url`` in ``mode`` (what the docs and
-    /work/shared/clients.md give for each)."""
+    the README's Claude Code section gives for each)."""
     if mode == "messages":
         return {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_AUTH_TOKEN": key}
     if mode == "bedrock":

@@ -255,7 +255,7 @@ def test_an_exception_mid_stream_ends_it_with_an_error_event(
 def test_an_exception_in_a_litestar_route_is_a_500_in_the_envelope(
     gateway: RunningGateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from gateway import api
+    from gateway.http import routes as api
 
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("route bug")

@@ -216,9 +216,9 @@ def test_a_bad_token_is_a_401_the_client_does_not_retry(
 def test_a_rotated_key_is_picked_up_and_the_jwks_url_may_be_given(
     fake: FakeClaudeAPI, issuer: LocalIssuer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gateway.jwt_auth
+    import gateway.governance.jwt_auth
 
-    monkeypatch.setattr(gateway.jwt_auth, "REFETCH_S", 0.0)
+    monkeypatch.setattr(gateway.governance.jwt_auth, "REFETCH_S", 0.0)
     with run_gateway(jwt_config(fake, issuer, tmp_path, jwks_url=f'"{issuer.url}/jwks"')) as gw:
         client = anthropic.Anthropic(auth_token=issuer.token(), base_url=gw.url, max_retries=0)
         client.messages.create(model="fake-text", **KW)

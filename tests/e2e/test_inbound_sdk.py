@@ -630,7 +630,7 @@ def test_bedrock_count_tokens_sends_a_count_tokens_body(
     kind: str, gw: RunningGateway, fakes: dict[str, Any], foundry: FakeFoundry
 ) -> None:
     """A CountTokens request wraps an InvokeModel body, which must carry ``max_tokens``; the Messages API's
-    count_tokens takes no ``max_tokens`` (protocols.md §1.7: messages, model, system, tools, tool_choice,
+    count_tokens takes no ``max_tokens`` (docs/wire-formats.md §1.7: messages, model, system, tools, tool_choice,
     thinking, cache_control, output_config; the Claude API answers "max_tokens: Extra inputs are not
     permitted"). So a first-party-shaped target is asked without it — as AnthropicVertex's own count_tokens
     asks (the same gateway, the same alias)."""

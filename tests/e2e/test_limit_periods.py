@@ -1,7 +1,7 @@
 """A budget's period at its edge, end to end with the real SDK: a stream admitted just before its period ends and
 finished in the next is charged, once, to the period it was admitted in; the next period starts at 0 and is
 exhausted by its own request only; the one after admits again. Periods are shortened to ``PERIOD_S`` seconds by
-the test-only ``MESSAGES_GATEWAY_TEST_PERIOD_S`` (``gateway/limits.py``), in memory and in Redis."""
+the test-only ``MESSAGES_GATEWAY_TEST_PERIOD_S`` (``gateway/governance/limits.py``), in memory and in Redis."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from gateway.limits import TEST_PERIOD_ENV
+from gateway.governance.limits import TEST_PERIOD_ENV
 from tests.conftest import run_gateway
 from tests.fakes.claude_api import FakeClaudeAPI
 

@@ -1,5 +1,5 @@
 """The browser pages as HTTP resources (the browser tests in tests/browser drive them): served from the
-package with a strict content security policy, nothing outside gateway/web reachable, switched off with
+package with a strict content security policy, nothing outside gateway/http/web reachable, switched off with
 ``server.ui: false``; and the status document's totals read from the metrics registry."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_pages_and_assets_are_served_without_a_key(
 
 
 def test_html_has_no_inline_script_or_style() -> None:
-    for page in (ROOT / "gateway" / "web").glob("*.html"):
+    for page in (ROOT / "gateway" / "http" / "web").glob("*.html"):
         html = page.read_text()
         assert "<script>" not in html and "<style" not in html and " style=" not in html and "onclick" not in html
 
@@ -75,8 +75,10 @@ def test_ui_false_turns_the_pages_off_but_not_the_api() -> None:
 
 
 def test_package_data_ships_every_web_file() -> None:
-    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["gateway"]
-    files = [p.relative_to(ROOT / "gateway").as_posix() for p in (ROOT / "gateway" / "web").iterdir()]
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "gateway.http"
+    ]
+    files = [p.relative_to(ROOT / "gateway" / "http").as_posix() for p in (ROOT / "gateway" / "http" / "web").iterdir()]
     assert files
     for name in files:
         assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name

@@ -15,7 +15,7 @@ import anthropic
 import httpx
 import pytest
 
-from gateway.pipeline import Resilience
+from gateway.routing.pipeline import Resilience
 from gateway.settings import parse_settings
 from tests.conftest import RunningGateway, run_gateway
 from tests.fakes.claude_api import FakeClaudeAPI

@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import Gateway
-from gateway.errors import InvalidRequest
-from gateway.metrics import Metrics
+from gateway.http.app import Gateway
+from gateway.observability.metrics import Metrics
 from gateway.settings import ConfigError, load_settings, parse_settings
-from gateway.upstream import make_client
+from gateway.wire.errors import InvalidRequest
+from gateway.wire.upstream import make_client
 from tests.conftest import RunningGateway, run_gateway
 from tests.fakes.bedrock import FakeBedrock
 from tests.fakes.claude_api import FakeClaudeAPI

@@ -188,9 +188,9 @@ def test_a_stream_longer_than_the_inflight_ttl_gives_back_only_its_own_slot(
     still be refused."""
     import redis as sync_redis
 
-    import gateway.limits
+    import gateway.governance.limits
 
-    monkeypatch.setattr(gateway.limits, "_INFLIGHT_TTL", 1)
+    monkeypatch.setattr(gateway.governance.limits, "_INFLIGHT_TTL", 1)
     name = f"timers-{uuid.uuid4().hex[:8]}"
     direct = sync_redis.Redis.from_url(redis_server.url)
     key = {"x-api-key": "sk-redis"}
@@ -263,9 +263,11 @@ def test_a_jwt_that_expires_mid_stream_ends_nothing_and_the_next_request_is_401(
     completes; the next request with it is 401 (leeway_s 0). The JWKS cache (jwks_cache_s 1) expires mid-stream
     too: a new token after it verifies (the set is fetched again), and a signing key the issuer stopped publishing
     is refused once the cache has expired."""
-    import gateway.jwt_auth
+    import gateway.governance.jwt_auth
 
-    monkeypatch.setattr(gateway.jwt_auth, "REFETCH_S", 0.0)  # the cache's own life, not the refetch floor (10 s)
+    monkeypatch.setattr(
+        gateway.governance.jwt_auth, "REFETCH_S", 0.0
+    )  # the cache's own life, not the refetch floor (10 s)
     yaml = f"""
 auth:
   jwt: {{issuer: "{issuer.url}", audience: {AUDIENCE}, user_claim: email, leeway_s: 0, jwks_cache_s: 1}}

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.balance import (
+from gateway.routing.balance import (
     Balancer,
     RetryPolicy,
     TargetHealth,
@@ -441,7 +441,7 @@ def test_retry_policy_rejects_nonsense() -> None:
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 408, 409, 413, 422, 429, 500, 501, 502, 503, 504, 529])
 def test_one_table_decides_retries_and_failures(status: int) -> None:
     """What the retry policy retries is exactly what counts as the provider's (retryable) failure."""
-    from gateway.errors import UpstreamStatusError
+    from gateway.wire.errors import UpstreamStatusError
 
     error = UpstreamStatusError(status, "x", "m")
     assert RetryPolicy().retryable_status(status) is error.retryable

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.base import batch_of_block
-from gateway import sse
-from gateway.events import COMPILED_VIEWS, MALFORMED
-from gateway.sse import SseDecoder, split_block, split_canonical, split_canonical_py
+from gateway.wire import sse
+from gateway.wire.events import COMPILED_VIEWS, MALFORMED
+from gateway.wire.sse import SseDecoder, split_block, split_canonical, split_canonical_py
 from tests.edits import apply_edits, byte_edits
 
 FIXTURES = sorted((Path(__file__).parent.parent / "fixtures" / "claude").glob("*.sse"))
@@ -111,7 +111,7 @@ def test_split_canonical(split: Any) -> None:
         assert split(other) is None, other
 
 
-@pytest.mark.skipif(not COMPILED_VIEWS, reason="gateway._views_c is not built: nothing to compare")
+@pytest.mark.skipif(not COMPILED_VIEWS, reason="gateway.wire._views_c is not built: nothing to compare")
 @settings(max_examples=400, deadline=None)
 @given(
     frames=st.lists(st.tuples(st.binary(max_size=6), st.binary(max_size=12)), max_size=5),
@@ -127,7 +127,7 @@ def test_compiled_split_is_the_python_one(frames: list[tuple[bytes, bytes]], edi
 def test_the_compiled_split_is_in_use() -> None:
     assert (sse._split_sse is not None) == COMPILED_VIEWS
     if COMPILED_VIEWS:  # the same fields, in the same order, as the Python one's
-        from gateway import _views_c
+        from gateway.wire import _views_c
 
         assert _views_c.SplitSse.__match_args__ == sse.SplitSse._fields
 

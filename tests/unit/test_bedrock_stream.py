@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from adapters import _bedrock_stream
 from adapters._bedrock_stream import BedrockEventStream
 from adapters._eventstream import encode_message
-from gateway.sse import encode_frames
-from gateway.validate import StreamValidator
+from gateway.wire.sse import encode_frames
+from gateway.wire.validate import StreamValidator
 from tests.edits import apply_edits, byte_edits
 from tests.fakes.claude_api import get_scenario
 from tests.unit.test_eventstream import C

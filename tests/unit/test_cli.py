@@ -73,7 +73,8 @@ def test_access_lines_written_directly_read_as_loggings_own() -> None:
 
     code = (
         "import logging, io; from gateway.cli import configure_logging; configure_logging(); "
-        "from gateway import recording; assert recording._direct is not None and recording._direct.usable(); "
+        "from gateway.observability import recording; "
+        "assert recording._direct is not None and recording._direct.usable(); "
         "recording.emit_access_line('{\"a\":1}'); "
         "logging.getLogger('gateway.access').info('%s', '{\"a\":1}'); "
         "seen = io.StringIO(); extra = logging.StreamHandler(seen); "
@@ -96,7 +97,7 @@ def test_access_lines_go_through_logging_for_a_set_up_that_is_not_serves() -> No
     import io
     import logging
 
-    from gateway import recording
+    from gateway.observability import recording
 
     stream = io.StringIO()
     custom = logging.StreamHandler(stream)

@@ -25,9 +25,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters._converse import ConverseTranscoder, ConverseUnsupported, from_converse_response, to_converse
-from gateway.events import decode_views
-from gateway.sse import split_canonical
-from gateway.validate import StreamValidator
+from gateway.wire.events import decode_views
+from gateway.wire.sse import split_canonical
+from gateway.wire.validate import StreamValidator
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "converse"
 MODEL = "claude-sonnet-4-5"

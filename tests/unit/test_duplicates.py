@@ -1,5 +1,5 @@
 """A request body that gives ``model``, ``stream`` or ``max_tokens`` twice at its top level is refused: msgspec
-keeps the last, a provider may keep the first. The C walk (gateway/_views_c.c) is tested equal to the standard
+keeps the last, a provider may keep the first. The C walk (gateway/wire/_views_c.c) is tested equal to the standard
 library's reference on random bodies."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import InvalidRequest
-from gateway.request import check_duplicates, duplicate_key_py, parse_count_tokens, parse_messages
+from gateway.wire.errors import InvalidRequest
+from gateway.wire.request import check_duplicates, duplicate_key_py, parse_count_tokens, parse_messages
 from tests.edits import apply_edits, byte_edits
 
 try:
-    from gateway._views_c import top_level_duplicate
+    from gateway.wire._views_c import top_level_duplicate
 except ImportError:  # pragma: no cover - no compiler here
     top_level_duplicate = None  # type: ignore[assignment]
 
-needs_c = pytest.mark.skipif(top_level_duplicate is None, reason="gateway._views_c is not built")
+needs_c = pytest.mark.skipif(top_level_duplicate is None, reason="gateway.wire._views_c is not built")
 NAMES = (b"model", b"stream", b"max_tokens")
 
 
@@ -85,7 +85,7 @@ def test_the_c_walk_equals_the_reference(pairs: list[tuple[str, Any]], edits: li
 
 
 def test_check_duplicates_without_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway import request
+    from gateway.wire import request
 
     monkeypatch.setattr(request, "_top_level_duplicate", None)
     with pytest.raises(InvalidRequest):

@@ -13,25 +13,15 @@ import pytest
 
 from adapters._http import HeaderAuth, Operation
 from adapters.claude import USER_AGENT, ClaudeAdapter
-from gateway.edge import (
-    NEVER_FORWARDED,
-    ClientKey,
-    authenticate,
-    authorize,
-    build_keys,
-    check_max_tokens,
-    forwarded_headers,
-    may_use,
-    proxy_request,
-)
-from gateway.errors import AuthenticationError, InvalidRequest, PermissionDenied
-from gateway.request import ProxyRequest
+from gateway.governance.keys import ClientKey, authenticate, authorize, build_keys, may_use
 from gateway.settings import ApiKey, parse_settings
-from gateway.upstream import Timeouts
+from gateway.wire.errors import AuthenticationError, InvalidRequest, PermissionDenied
+from gateway.wire.request import NEVER_FORWARDED, ProxyRequest, check_max_tokens, forwarded_headers, proxy_request
+from gateway.wire.upstream import Timeouts
 
 
 def route(alias: str, *models: str | None) -> Any:
-    """A stand-in for ``gateway.routing.Route``: the edge reads only ``alias`` and each target's ``model``."""
+    """A stand-in for ``gateway.routing.table.Route``: the edge reads only ``alias`` and each target's ``model``."""
     return SimpleNamespace(alias=alias, targets=tuple(SimpleNamespace(model=m) for m in models or (None,)))
 
 

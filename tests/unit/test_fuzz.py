@@ -26,16 +26,16 @@ from hypothesis import strategies as st
 from adapters._bedrock_stream import BedrockEventStream
 from adapters._eventstream import EventStreamDecoder, EventStreamError
 from adapters.base import SseEventStream
-from gateway.errors import InvalidRequest
-from gateway.events import decode_view
-from gateway.metrics import Metrics
-from gateway.pipeline import _DRAINS, OpenStream, stream_body
-from gateway.request import ProxyRequest, parse_count_tokens, parse_messages
+from gateway.observability.metrics import Metrics
+from gateway.observability.usage import UsageTally
+from gateway.routing.pipeline import _DRAINS, OpenStream, stream_body
 from gateway.settings import ConfigError, Settings, parse_settings
-from gateway.sse import SseDecoder
-from gateway.upstream import StreamInterrupted
-from gateway.usage import UsageTally
-from gateway.validate import KNOWN_EVENTS
+from gateway.wire.errors import InvalidRequest
+from gateway.wire.events import decode_view
+from gateway.wire.request import ProxyRequest, parse_count_tokens, parse_messages
+from gateway.wire.sse import SseDecoder
+from gateway.wire.upstream import StreamInterrupted
+from gateway.wire.validate import KNOWN_EVENTS
 from tests.edits import apply_edits, byte_edits
 from tests.fakes.bedrock import chunk_frame
 from tests.unit.test_pipeline import _Target

@@ -1,4 +1,4 @@
-"""The minimal HTTP/1.1 upstream client (``gateway.upstream.H1Client``) against real servers on 127.0.0.1
+"""The minimal HTTP/1.1 upstream client (``gateway.wire.upstream.H1Client``) against real servers on 127.0.0.1
 (asyncio servers written here, byte by byte): keep-alive reuse, chunked and length-delimited and
 close-delimited bodies, gzip inflated with a limit, the read timeout, a reset mid-body, a stale pooled
 connection, TLS verified against a CA (and refused without it)."""
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import UpstreamConnectionError, UpstreamTimeout
-from gateway.upstream import BodyTooLarge, H1Client, StreamInterrupted, Timeouts
+from gateway.wire.errors import UpstreamConnectionError, UpstreamTimeout
+from gateway.wire.upstream import BodyTooLarge, H1Client, StreamInterrupted, Timeouts
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 T = Timeouts(connect=2.0, read=1.0)

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from adapters._http import BearerAuth, HeaderAuth, HttpAdapter, Operation, Prepared, base_headers
-from gateway.errors import UpstreamStatusError
-from gateway.request import ProxyRequest
-from gateway.upstream import Timeouts
+from gateway.wire.errors import UpstreamStatusError
+from gateway.wire.request import ProxyRequest
+from gateway.wire.upstream import Timeouts
 
 _OK = b'{"id":"m","type":"message","role":"assistant","content":[],"model":"x","usage":{"input_tokens":1}}'
 

@@ -1,4 +1,4 @@
-"""Who a request is (``gateway/identity.py``): config keys and issued keys looked up the same way, by digest;
+"""Who a request is (``gateway/governance/identity.py``): config keys and issued keys looked up the same way, by digest;
 issued keys made, listed, expired and revoked; a second process (another ``IssuedKeys`` on the same store)
 sees a revocation at its next poll."""
 
@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from gateway.edge import build_keys, digest_of
-from gateway.errors import AuthenticationError, InvalidRequest, StoreUnavailable
-from gateway.identity import KEY_PREFIX, Identity, IssuedKeys, KeyRequest
+from gateway.governance.identity import KEY_PREFIX, Identity, IssuedKeys, KeyRequest
+from gateway.governance.keys import build_keys, digest_of
+from gateway.governance.store import MemoryStore, Store
 from gateway.settings import LimitSettings, Settings, parse_settings
-from gateway.store import MemoryStore, Store
+from gateway.wire.errors import AuthenticationError, InvalidRequest, StoreUnavailable
 
 CONFIG = """
 auth: {keys: [{name: ci, key: sk-ci, team: pay}, sk-plain]}

@@ -1,7 +1,8 @@
-"""The drawing of the layers in docs/design.md is the code's: every module of gateway/, adapters/ and surfaces/
-is in it once, every import (at module level, inside a function, or for type checking only) goes to the module's own
-layer or one below, the imports form no cycle, and the adapters import nothing above the wire layer (no HTTP
-layer, no metrics, no pipeline)."""
+"""The drawing of the layers in docs/design.md is the code's: every module of gateway/ (its subpackages included),
+adapters/ and surfaces/ is in it once (a module's own name in the drawing wins over a package's glob), every import
+(at module level, inside a function, or for type checking only) goes to the module's own layer or one below, the
+imports form no cycle, and the adapters import nothing above the wire layer (no HTTP layer, no metrics, no
+pipeline)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,22 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gateway", "adapters", "surfaces")
 
 
+def _dotted(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _modules() -> dict[str, Path]:
     found: dict[str, Path] = {}
     for package in PACKAGES:
-        for path in sorted((ROOT / package).glob("*.py")):
-            found[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found[_dotted(path)] = path
     return found
 
 
 MODULES = _modules()
 # the compiled extensions (a C source beside its stub): leaves that import nothing of the project
-EXTENSIONS = {f"{p}.{c.stem}" for p in PACKAGES for c in (ROOT / p).glob("*.c")}
+EXTENSIONS = {_dotted(c) for p in PACKAGES for c in (ROOT / p).rglob("*.c")}
 
 
 def _imported(package: str, node: ast.Import | ast.ImportFrom) -> set[str]:
@@ -52,7 +58,7 @@ def _imported(package: str, node: ast.Import | ast.ImportFrom) -> set[str]:
 def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in MODULES.items():
-        package = name.split(".")[0]
+        package = name if path.stem == "__init__" else name.rpartition(".")[0]
         edges: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import | ast.ImportFrom):
@@ -78,9 +84,27 @@ def drawn_layers() -> dict[str, tuple[int, str]]:
 
 
 def layer_of(module: str, layers: dict[str, tuple[int, str]]) -> tuple[int, str]:
+    if module in layers:  # named on its own: a module drawn apart from its package's glob
+        return layers[module]
     matches = [layer for pattern, layer in layers.items() if fnmatch.fnmatchcase(module, pattern)]
     assert len(matches) == 1, f"{module} is in {len(matches)} layers of the drawing"
     return matches[0]
+
+
+def test_every_package_is_a_folder_of_the_drawing() -> None:
+    """``ls gateway/`` shows the layers: each subpackage has a docstring saying what belongs there, and at the top
+    of ``gateway/`` only the modules the drawing names one by one."""
+    layers = drawn_layers()
+    packages = [p for p in (ROOT / "gateway").iterdir() if (p / "__init__.py").is_file()]
+    assert sorted(p.name for p in packages) == ["governance", "http", "observability", "routing", "wire"]
+    for package in packages:
+        doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text()))
+        assert doc and "may import" in doc.lower(), f"{package.name}/__init__.py does not say what it may import"
+        assert f"gateway.{package.name}.*" in layers or any(
+            name.startswith(f"gateway.{package.name}.") for name in layers
+        ), package.name
+    top = sorted(p.stem for p in (ROOT / "gateway").glob("*.py"))
+    assert top == ["__init__", "cli", "context", "core", "runtime", "settings"]
 
 
 def test_every_module_is_drawn_once_and_every_drawn_name_exists() -> None:
@@ -134,13 +158,13 @@ def test_adapters_import_only_the_wire_layer() -> None:
         for target in targets:
             if target.split(".")[0] == "gateway":
                 assert layer_of(target, layers)[0] == wire, f"{module} imports {target}"
-    assert layer_of("gateway.metrics", layers)[0] > layer_of("adapters.base", layers)[0]
+    assert layer_of("gateway.observability.metrics", layers)[0] > layer_of("adapters.base", layers)[0]
 
 
 def test_the_checks_see_what_they_check() -> None:
     """The graph is not vacuous: known edges are in it, of each kind of import."""
     graph = import_graph()
-    assert "gateway.events" in graph["gateway.sse"]  # module level
+    assert "gateway.wire.events" in graph["gateway.wire.sse"]  # module level
     assert "adapters._entra" in graph["adapters.claude"]  # inside a function
-    assert "gateway.core" in graph["gateway.messages"]  # for type checking only
+    assert "gateway.core" in graph["gateway.http.messages"]  # for type checking only
     assert "adapters" in graph["gateway.runtime"]  # a package's attribute

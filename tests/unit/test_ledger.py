@@ -10,9 +10,9 @@ from collections import Counter
 
 import pytest
 
-from gateway.ledger import Ledger
-from gateway.metrics import Metrics
-from gateway.store import LedgerRow, MemoryStore
+from gateway.governance.ledger import Ledger
+from gateway.governance.store import LedgerRow, MemoryStore
+from gateway.observability.metrics import Metrics
 
 
 class Counted:

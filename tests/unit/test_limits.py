@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gateway.edge import build_keys
-from gateway.limits import BudgetExceeded, Lease, Limiter, RateLimited, budget_window
+from gateway.governance.keys import build_keys
+from gateway.governance.limits import BudgetExceeded, Lease, Limiter, RateLimited, budget_window
 from gateway.settings import ConfigError, Settings, parse_settings
 
 T0 = datetime(2026, 12, 2, 10, 0, 30, tzinfo=UTC).timestamp()  # a Wednesday, 30 s into a minute
@@ -200,9 +200,9 @@ def test_a_streams_tokens_reach_the_limiter_through_the_tally_at_message_start()
     import msgspec
 
     from gateway.context import RequestContext
-    from gateway.events import EventView
-    from gateway.metrics import Metrics
-    from gateway.usage import UsageTally
+    from gateway.observability.metrics import Metrics
+    from gateway.observability.usage import UsageTally
+    from gateway.wire.events import EventView
 
     settings, keys, limiter, _ = setup("auth: {keys: [{name: a, key: k, limits: {tokens_per_minute: 1000}}]}")
     lease, _ = admit(limiter, settings, keys["a"])
@@ -221,7 +221,7 @@ def test_a_streams_tokens_reach_the_limiter_through_the_tally_at_message_start()
     assert values[tokens] == 42 and lease is not None and lease.settled
 
 
-# Periods at their edges: a request is counted once, in the windows it was admitted in (gateway/limits.py).
+# Periods at their edges: a request is counted once, in the windows it was admitted in (gateway/governance/limits.py).
 
 
 def at(text: str) -> float:
@@ -382,7 +382,7 @@ def test_the_test_only_period_makes_every_budget_window_that_many_seconds(monkey
 
 
 def test_in_memory_a_slot_given_back_after_its_counter_expired_leaves_no_negative_count() -> None:
-    from gateway.limits import MemoryCounters
+    from gateway.governance.limits import MemoryCounters
 
     counters = MemoryCounters()
     counters.add_now([("a|inflight", 1, 10), ("b|inflight", 1, 100)], now=0)

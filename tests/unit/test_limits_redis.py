@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateway.edge import build_keys
-from gateway.limits import BudgetExceeded, Limiter, LimitStoreDown, RateLimited, RedisCounters
+from gateway.governance.keys import build_keys
+from gateway.governance.limits import BudgetExceeded, Limiter, LimitStoreDown, RateLimited, RedisCounters
 from gateway.settings import parse_settings
 from tests.unit.test_limits import EDGE_IDS, EDGES, PRICING, RESETS, at
 
@@ -103,9 +103,9 @@ def test_a_running_requests_tokens_reach_redis_within_the_delay_and_a_short_ones
 ) -> None:
     import redis as sync_redis
 
-    import gateway.limits
+    import gateway.governance.limits
 
-    monkeypatch.setattr(gateway.limits, "SHARED_COUNT_DELAY", 0.2)
+    monkeypatch.setattr(gateway.governance.limits, "SHARED_COUNT_DELAY", 0.2)
     settings = parse_settings(
         "auth: {keys: [{name: a, key: k, limits: {tokens_per_minute: 100}}]}\n"
         f'limits: {{redis_url: "{redis_server.url}"}}'
@@ -162,7 +162,7 @@ def test_a_redis_that_stops_answering_is_down_within_the_store_timeout(redis_ser
     import signal
     import time
 
-    from gateway.limits import STORE_TIMEOUT
+    from gateway.governance.limits import STORE_TIMEOUT
 
     settings, keys, (a, _), errors = limiter_pair(redis_server.url, f"t4{policy}:", policy)
 
@@ -258,9 +258,9 @@ def test_in_redis_a_request_across_a_budget_windows_end_is_charged_once_to_its_a
     window: str,
     following: str,
 ) -> None:
-    import gateway.limits
+    import gateway.governance.limits
 
-    monkeypatch.setattr(gateway.limits, "SHARED_COUNT_DELAY", 0.05)
+    monkeypatch.setattr(gateway.governance.limits, "SHARED_COUNT_DELAY", 0.05)
     prefix = f"p1{per}{admitted[:10]}:"
     settings, key, limiter, clock, direct = clocked(redis_server.url, prefix, budget_yaml(per))
 
@@ -320,9 +320,9 @@ def test_in_redis_an_exhausted_budget_refuses_to_its_last_second_and_admits_at_t
 def test_in_redis_a_request_admitted_at_a_minutes_end_is_counted_once_in_it_though_its_flush_runs_in_the_next(
     redis_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gateway.limits
+    import gateway.governance.limits
 
-    monkeypatch.setattr(gateway.limits, "SHARED_COUNT_DELAY", 0.05)
+    monkeypatch.setattr(gateway.governance.limits, "SHARED_COUNT_DELAY", 0.05)
     prefix = "p3:"
     settings, key, limiter, clock, direct = clocked(
         redis_server.url,

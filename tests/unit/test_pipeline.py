@@ -11,14 +11,14 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.balance import TargetHealth
-from gateway.events import MALFORMED, Batch, decode_view
-from gateway.metrics import Metrics
-from gateway.pipeline import _DRAINS, OpenStream, stream_body
-from gateway.sse import SseDecoder
-from gateway.upstream import StreamInterrupted
-from gateway.usage import UsageTally
-from gateway.validate import State, StreamValidator
+from gateway.observability.metrics import Metrics
+from gateway.observability.usage import UsageTally
+from gateway.routing.balance import TargetHealth
+from gateway.routing.pipeline import _DRAINS, OpenStream, stream_body
+from gateway.wire.events import MALFORMED, Batch, decode_view
+from gateway.wire.sse import SseDecoder
+from gateway.wire.upstream import StreamInterrupted
+from gateway.wire.validate import State, StreamValidator
 
 
 class _Named:
@@ -212,10 +212,10 @@ class _Adapter:
 
 
 def test_an_error_before_the_first_real_event_gets_an_http_status_and_falls_over() -> None:
-    from gateway.errors import UpstreamStatusError
-    from gateway.pipeline import open_stream
-    from gateway.request import ProxyRequest
-    from gateway.routing import Route, Target
+    from gateway.routing.pipeline import open_stream
+    from gateway.routing.table import Route, Target
+    from gateway.wire.errors import UpstreamStatusError
+    from gateway.wire.request import ProxyRequest
 
     overloaded = _Adapter("a", [[ev("error", error={"type": "overloaded_error", "message": "Overloaded"})]])
     healthy = _Adapter("b", [GOOD])
@@ -223,7 +223,7 @@ def test_an_error_before_the_first_real_event_gets_an_http_status_and_falls_over
     metrics = Metrics()
 
     async def first_target_only() -> None:
-        from gateway.pipeline import Resilience
+        from gateway.routing.pipeline import Resilience
         from gateway.settings import ResilienceSettings, RetrySettings
 
         route = Route("m", (Target(overloaded, None),))  # type: ignore[arg-type]
@@ -257,10 +257,10 @@ def test_an_error_before_the_first_real_event_gets_an_http_status_and_falls_over
 def test_the_context_carries_the_deadline_and_counts_the_attempts() -> None:
     """The request's deadline is set by its first attempt on the pipeline's clock and every attempt is counted
     on its context (the access line and the span read them there)."""
-    from gateway.pipeline import Resilience, open_stream
-    from gateway.request import ProxyRequest
-    from gateway.routing import Route, Target
+    from gateway.routing.pipeline import Resilience, open_stream
+    from gateway.routing.table import Route, Target
     from gateway.settings import ResilienceSettings, TimeoutSettings
+    from gateway.wire.request import ProxyRequest
 
     overloaded = _Adapter("a", [[ev("error", error={"type": "overloaded_error", "message": "Overloaded"})]])
     healthy = _Adapter("b", [GOOD])

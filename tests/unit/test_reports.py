@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import InvalidRequest
-from gateway.reports import ReportQuery, _csv, _cursor, _document, parse_report_query
-from gateway.store import LedgerRow, MemoryStore
+from gateway.governance.store import LedgerRow, MemoryStore
+from gateway.http.reports import ReportQuery, _csv, _cursor, _document, parse_report_query
+from gateway.wire.errors import InvalidRequest
 
 NOW = 1_764_633_600_000  # 2025-12-02T00:00:00Z
 DAY = 86_400_000

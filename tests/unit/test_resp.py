@@ -1,6 +1,6 @@
-"""The gateway's own Redis client (``gateway.resp``) against a real ``redis-server``: pipelined replies in order,
-scripts by SHA-1 with the text sent when the server has forgotten them, AUTH and SELECT from the URL, a Unix
-socket; and against servers written here that accept and never answer, or hang up mid-call."""
+"""The gateway's own Redis client (``gateway.governance.redis_client``) against a real ``redis-server``: pipelined
+replies in order, scripts by SHA-1 with the text sent when the server has forgotten them, AUTH and SELECT from the
+URL, a Unix socket; and against servers written here that accept and never answer, or hang up mid-call."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from gateway.resp import Endpoint, RedisClient, RedisUnavailable, ReplyError, Script, parse_url
+from gateway.governance.redis_client import Endpoint, RedisClient, RedisUnavailable, ReplyError, Script, parse_url
 from gateway.settings import ConfigError, parse_settings
 from tests.redis_server import start_redis
 

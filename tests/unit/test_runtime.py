@@ -14,11 +14,11 @@ import pytest
 
 from gateway import core as app_module  # where Gateway (and the builder it calls) lives
 from gateway import runtime as runtime_module
-from gateway.app import Gateway
-from gateway.messages import messages_endpoint
-from gateway.metrics import Metrics
+from gateway.http.app import Gateway
+from gateway.http.messages import messages_endpoint
+from gateway.observability.metrics import Metrics
 from gateway.settings import load_settings
-from gateway.upstream import make_client
+from gateway.wire.upstream import make_client
 
 BODY = json.dumps({"model": "a", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}).encode()
 

@@ -1,4 +1,4 @@
-"""The gateway's request/response cycle (``gateway.server.GatewayCycle``): the same bytes as uvicorn's own cycle
+"""The gateway's request/response cycle (``gateway.http.server.GatewayCycle``): the same bytes as uvicorn's own cycle
 for every message sequence, in fewer writes — the head goes out with the first body message, or alone at the end
 of the loop turn when no body follows at once."""
 
@@ -13,7 +13,7 @@ import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from gateway.server import PROTOCOL, GatewayCycle
+from gateway.http.server import PROTOCOL, GatewayCycle
 from tests.net import free_port
 
 

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import NotFound
-from gateway.routing import RouteTable
+from gateway.routing.table import RouteTable
 from gateway.settings import (
     AnthropicProvider,
     ConfigError,
@@ -16,6 +15,7 @@ from gateway.settings import (
     load_settings,
     parse_settings,
 )
+from gateway.wire.errors import NotFound
 
 BASE = """\
 server: {host: 127.0.0.1, port: 8080}

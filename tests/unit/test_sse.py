@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.sse import SseDecoder, SseFrame, encode_frame
+from gateway.wire.sse import SseDecoder, SseFrame, encode_frame
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "claude"
 
@@ -91,7 +91,7 @@ def test_recorded_streams_split_invariant(path: Path, data: st.DataObject) -> No
 def test_an_unfinished_frame_past_the_limit_is_refused_and_small_reads_stay_linear() -> None:
     import pytest
 
-    from gateway.sse import FrameTooLarge
+    from gateway.wire.sse import FrameTooLarge
 
     decoder = SseDecoder(max_frame=1000)
     decoder.feed_block(b"event: a\ndata: ")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.store import (
+from gateway.governance.store import (
     SCHEMA_VERSION,
     IssuedKey,
     LedgerRow,
@@ -228,7 +228,7 @@ def test_issued_keys_are_added_listed_and_deleted_and_each_change_raises_the_ver
 
 
 def test_a_version_1_ledger_is_migrated_to_hold_keys_and_keeps_its_rows(tmp_path: Path) -> None:
-    from gateway import store as store_module
+    from gateway.governance import store as store_module
 
     db = sqlite3.connect(tmp_path / "ledger.db")
     db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")

@@ -7,10 +7,10 @@ import asyncio
 import time
 from typing import Any
 
-from gateway.messages import _stream
-from gateway.metrics import Metrics
-from gateway.pipeline import _DRAINS, OpenStream, stream_body
-from gateway.usage import UsageTally
+from gateway.http.messages import _stream
+from gateway.observability.metrics import Metrics
+from gateway.observability.usage import UsageTally
+from gateway.routing.pipeline import _DRAINS, OpenStream, stream_body
 from tests.unit.test_pipeline import GOOD, FakeStream, _Target, client_events, ev
 
 
@@ -82,7 +82,7 @@ def test_a_drain_cancel_during_the_last_write_never_sends_a_second_head() -> Non
     """Reproduced before: a stream whose whole answer arrived in one read, a slow ``send`` and the drain's
     cancel gave ``start, body, start, body``, because "the head was sent" was inferred from the keep-alive
     timer (none yet for a stream in one read). It is tracked now."""
-    from gateway.messages import DRAIN_CANCEL
+    from gateway.http.messages import DRAIN_CANCEL
 
     metrics = Metrics()
     tally = UsageTally(metrics, alias="a", provider="p", model="m")

@@ -8,9 +8,9 @@ import json
 import pytest
 
 import surfaces
-from gateway.errors import NotFound
-from gateway.routing import RouteTable
+from gateway.routing.table import RouteTable
 from gateway.settings import parse_settings
+from gateway.wire.errors import NotFound
 from surfaces.base import canonical_body, cloud_model_names, resolve_cloud_model
 from surfaces.bedrock import bedrock_error
 

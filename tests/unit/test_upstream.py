@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from gateway.errors import UpstreamConnectionError
-from gateway.upstream import StreamInterrupted, Timeouts, make_client
+from gateway.wire.errors import UpstreamConnectionError
+from gateway.wire.upstream import StreamInterrupted, Timeouts, make_client
 
 
 async def _serve(handler: web.RequestHandler) -> tuple[web.AppRunner, str]:  # type: ignore[type-arg]

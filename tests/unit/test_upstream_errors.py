@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from adapters.base import raise_for_upstream
-from gateway.errors import UpstreamStatusError
+from gateway.wire.errors import UpstreamStatusError
 
 
 class Resp:

@@ -6,9 +6,9 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.events import EventView, Usage
-from gateway.metrics import Metrics
-from gateway.usage import UsageTally, fold_usage
+from gateway.observability.metrics import Metrics
+from gateway.observability.usage import UsageTally, fold_usage
+from gateway.wire.events import EventView, Usage
 
 
 def view(data: dict[str, object]) -> EventView:

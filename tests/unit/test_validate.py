@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.events import EventView
-from gateway.validate import KNOWN_EVENTS, State, StreamValidator, Violation
+from gateway.wire.events import EventView
+from gateway.wire.validate import KNOWN_EVENTS, State, StreamValidator, Violation
 
 LEGAL = {
     (State.START, "message_start"): State.MESSAGE,

@@ -1,4 +1,4 @@
-"""gateway/_views_c.c: deltas of the common shape answered from cached views; whatever it answers must be
+"""gateway/wire/_views_c.c: deltas of the common shape answered from cached views; whatever it answers must be
 what msgspec alone answers (``decode_views`` without the extension), for any input."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import events
-from gateway.events import MALFORMED, EventView, decode_views
+from gateway.wire import events
+from gateway.wire.events import MALFORMED, EventView, decode_views
 from tests.edits import apply_edits, byte_edits
 
 try:
-    from gateway import _views_c as C
+    from gateway.wire import _views_c as C
 except ImportError:  # pragma: no cover - not built here
     C = None  # type: ignore[assignment]
 
-needs_c = pytest.mark.skipif(C is None, reason="gateway._views_c is not built")
+needs_c = pytest.mark.skipif(C is None, reason="gateway.wire._views_c is not built")
 
 
 def reference(datas: list[bytes], array: bytes | None = None) -> list[EventView]:
@@ -53,9 +53,9 @@ def same(datas: list[bytes], array: bytes | None = None) -> None:
 
 
 def test_the_compiled_scan_is_in_use() -> None:
-    built = importlib.util.find_spec("gateway._views_c") is not None
+    built = importlib.util.find_spec("gateway.wire._views_c") is not None
     if os.environ.get("MESSAGES_GATEWAY_REQUIRE_EXTENSION"):
-        assert built, "gateway._views_c was not built"
+        assert built, "gateway.wire._views_c was not built"
     assert (events._scan_views is not None) == built
 
 
@@ -225,7 +225,7 @@ def test_the_compiled_results_are_tuples_with_named_fields() -> None:
     assert C is not None
     scanned = C.scan_views(b'[{"type":"ping"}]', {})
     assert type(scanned) is C.ScannedViews and isinstance(scanned, tuple)
-    assert C.ScannedViews.__module__ == "gateway._views_c"
+    assert C.ScannedViews.__module__ == "gateway.wire._views_c"
     assert C.ScannedViews.__match_args__ == ("views", "rest", "misses")
     views, rest, misses = scanned
     assert (

@@ -1,0 +1,548 @@
+"""Rate limits and budgets per client key and per team (issue 19), in one process.
+
+Rules come from the config: a key's own ``limits`` (else the top-level ``limits``, the default for every key),
+and its team's (``teams.<name>.limits``). A request must pass every rule that applies. **Admission** is checked
+before anything is sent upstream, against what has been counted so far: requests this minute, tokens this
+minute, requests in flight, spend in the budget's calendar window (UTC day, ISO week from Monday, month). A stream
+already running is never cut. Admitted, the request counts one request and one in flight at once; its tokens and
+cost are counted as the stream reports them (``Lease.count``, fed by the tally's fold: input and cache tokens at
+``message_start``, output at ``message_delta``; in shared counters within ``SHARED_COUNT_DELAY``) and the rest
+when it ends (``Lease.settle``), so N requests admitted just under a limit overshoot it by at most their own
+usage.
+
+**A request is counted in the windows it was admitted in**, however long it runs: its one request and its tokens in
+the minute of its admission, its cost in the budget window (UTC day, ISO week, month) of its admission. A stream
+admitted at 23:59:59 that ends after midnight is the day before's, once; the new day's budget starts at 0. The
+lease carries the admission's counter keys to every count and to the settlement (in memory and in Redis alike: a
+shared count sent by a flush in the next minute still lands in the admission's). That is what keeps each window's
+bound: the requests admitted while a window had room overshoot it by at most their own usage, and none of a
+window's usage is a request it never admitted (charged where it ended, yesterday's last stream would open today
+with spending nobody admitted today; a delayed flush would move a token to whichever minute it ran in). So
+``tokens_per_minute`` bounds the tokens of the requests admitted in a minute: a stream's output after its minute
+has ended counts against none that is still open.
+
+Refusals follow the API's own conventions: over a rate limit ``429 rate_limit_error`` with an integer
+``retry-after`` and ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`` (reset in RFC 3339; the
+same headers go on every response of a key with limits); over a budget ``429 billing_error`` with
+``x-should-retry: false`` and ``retry-after`` until the window resets (as Anthropic's gateway in Claude Code
+answers a spend limit).
+
+Test-only: ``MESSAGES_GATEWAY_TEST_PERIOD_S=<seconds>`` in a gateway's environment, read when its ``Limiter`` is made,
+makes every budget window (``day``, ``week`` and ``month`` alike) that many seconds long, aligned to the epoch, so an
+end-to-end test sees a budget reset without waiting for midnight (``tests/e2e/test_limit_periods.py``). It is no
+config setting and a gateway that has it logs a warning; never set it in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gateway.settings import LimitSettings, Settings
+from gateway.wire.errors import GatewayError
+
+if TYPE_CHECKING:
+    from gateway.governance.keys import ClientKey
+
+__all__ = [
+    "BudgetExceeded",
+    "Counters",
+    "Lease",
+    "LimitStoreDown",
+    "Limiter",
+    "MemoryCounters",
+    "RateLimited",
+    "RedisCounters",
+]
+
+log = logging.getLogger("gateway")
+
+
+class RateLimited(GatewayError):
+    status_code = 429
+    error_type = "rate_limit_error"
+
+
+class BudgetExceeded(GatewayError):
+    status_code = 429
+    error_type = "billing_error"
+
+
+class LimitStoreDown(GatewayError):
+    """The shared counters cannot be reached and ``limits.on_store_error`` is ``deny``."""
+
+    status_code = 529
+    error_type = "overloaded_error"
+
+
+class CountersError(Exception):
+    """The counters' store failed (Redis unreachable)."""
+
+
+def _iso(ts: float) -> str:
+    """RFC 3339 to the second, UTC (the API's ``anthropic-ratelimit-*-reset``): a window's end is the same
+    for every request in it, so the string is made once per second asked for, not once per request."""
+    return _iso_second(int(ts))
+
+
+@functools.lru_cache(maxsize=64)
+def _iso_second(second: int) -> str:
+    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+TEST_PERIOD_ENV = "MESSAGES_GATEWAY_TEST_PERIOD_S"  # test-only: every budget window this many seconds long
+
+
+def _test_period() -> float | None:
+    raw = os.environ.get(TEST_PERIOD_ENV)
+    if not raw:
+        return None
+    period = float(raw)
+    if not period > 0:
+        raise ValueError(f"{TEST_PERIOD_ENV} must be a positive number of seconds, not {raw!r}")
+    log.warning("%s=%s (test-only): every budget resets every %g s", TEST_PERIOD_ENV, raw, period)
+    return period
+
+
+def budget_window(per: str, now: float, period_s: float | None = None) -> tuple[str, float]:
+    """The calendar window ``now`` is in (its key) and when it ends (epoch seconds), UTC: a day from midnight, an ISO
+    week from Monday 00:00 (a week across New Year is one window, keyed by its Monday), a month from the 1st.
+    ``period_s`` (test-only, ``MESSAGES_GATEWAY_TEST_PERIOD_S``): windows of that many seconds instead."""
+    if period_s is not None:
+        n = math.floor(now / period_s)
+        return f"{per}:test-{period_s:g}s-{n}", (n + 1) * period_s
+    day = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if per == "day":
+        start, end = day, day + timedelta(days=1)
+    elif per == "week":
+        start = day - timedelta(days=day.weekday())
+        end = start + timedelta(days=7)
+    else:
+        start = day.replace(day=1)
+        end = (start + timedelta(days=32)).replace(day=1)
+    return f"{per}:{start.date().isoformat()}", end.timestamp()
+
+
+Rule = tuple[str, LimitSettings]  # (scope, limits): scope "key:<name>" or "team:<name>"
+
+
+Check = tuple[str, float]  # (counter, limit): admitted only while the counter is below the limit
+Add = tuple[str, float, int]  # (counter, amount, seconds to keep it; 0: no expiry)
+# One rule's counters for a lease's usage, fixed at admission: (its tokens counter of the admission's minute,
+# its budget counter of the admission's window or None, when that window ends).
+Usage = tuple[str, str | None, float]
+
+
+class Counters(Protocol):
+    async def admit(self, checks: Sequence[Check], adds: Sequence[Add]) -> tuple[int, list[float]]:
+        """Atomically: the index of the first check whose counter has reached its limit, or -1 after applying
+        ``adds``; and every checked counter's value before the adds."""
+        ...
+
+    def add(self, adds: Sequence[Add]) -> Awaitable[None]:
+        """Apply ``adds``; a future (or a coroutine) whose failure is the store's error."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class MemoryCounters:
+    """One process's counters (what one worker, or the unit tests, use)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+        self._expires: dict[str, float] = {}
+
+    def _expire(self, now: float) -> None:
+        if len(self._expires) > 4096:
+            for key in [k for k, at in self._expires.items() if at <= now]:
+                self.values.pop(key, None)
+                del self._expires[key]
+
+    def admit_now(self, checks: Sequence[Check], adds: Sequence[Add], now: float) -> tuple[int, list[float]]:
+        values = [self.values.get(key, 0.0) for key, _ in checks]
+        for i, ((_, limit), value) in enumerate(zip(checks, values, strict=True)):
+            if value >= limit:
+                return i, values
+        self.add_now(adds, now)
+        return -1, values
+
+    def add_now(self, adds: Sequence[Add], now: float) -> None:
+        for key, amount, ttl in adds:
+            if amount < 0:  # a slot given back: never below zero, never into a counter that has expired
+                if key not in self.values or self._expires.get(key, math.inf) <= now:
+                    continue
+                self.values[key] = max(0.0, self.values[key] + amount)
+            else:
+                self.values[key] = self.values.get(key, 0.0) + amount
+            if ttl:
+                self._expires[key] = now + ttl
+        self._expire(now)
+
+    async def admit(self, checks: Sequence[Check], adds: Sequence[Add]) -> tuple[int, list[float]]:
+        return self.admit_now(checks, adds, time.time())
+
+    async def add(self, adds: Sequence[Add]) -> None:
+        self.add_now(adds, time.time())
+
+    async def aclose(self) -> None:
+        return None
+
+
+# Every check and every add of one admission in one round trip, atomically (a Lua script runs alone).
+_ADMIT = """
+local n = tonumber(ARGV[1])
+local values = {}
+for i = 1, n do
+  values[i] = redis.call('GET', KEYS[i]) or '0'
+end
+for i = 1, n do
+  if tonumber(values[i]) >= tonumber(ARGV[1 + i]) then return {i - 1, values} end
+end
+local m = #KEYS - n
+for j = 1, m do
+  redis.call('INCRBYFLOAT', KEYS[n + j], ARGV[1 + n + j])
+  local ttl = tonumber(ARGV[1 + n + m + j])
+  if ttl > 0 then redis.call('EXPIRE', KEYS[n + j], ttl) end
+end
+return {-1, values}
+"""
+
+
+# A settlement's adds in one command (a pipeline of INCRBYFLOAT + EXPIRE pairs costs redis-py more CPU). A negative
+# add (a slot in flight given back) never takes a counter below zero and never recreates one that has expired: a
+# stream that outlived the in-flight counter's TTL gives back only what the counter still holds.
+_ADD = """
+local m = #KEYS
+for j = 1, m do
+  local amount = tonumber(ARGV[j])
+  local ttl = tonumber(ARGV[m + j])
+  if amount < 0 then
+    local held = tonumber(redis.call('GET', KEYS[j]))
+    if held then
+      if held + amount <= 0 then redis.call('DEL', KEYS[j])
+      else
+        redis.call('INCRBYFLOAT', KEYS[j], amount)
+        if ttl > 0 then redis.call('EXPIRE', KEYS[j], ttl) end
+      end
+    end
+  else
+    redis.call('INCRBYFLOAT', KEYS[j], ARGV[j])
+    if ttl > 0 then redis.call('EXPIRE', KEYS[j], ttl) end
+  end
+end
+return m
+"""
+
+
+STORE_TIMEOUT = 1.0  # seconds a Redis call (connect, or a script's round trip) may take before it counts as down
+
+
+class RedisCounters:
+    """Counters in Redis (or Valkey): shared by every worker and replica. One pipelined connection of the
+    gateway's own client (``gateway.governance.redis_client``: ``asyncio.Protocol`` + ``hiredis``), each call one
+    ``EVALSHA``."""
+
+    def __init__(self, url: str, prefix: str = "mgw:") -> None:
+        from gateway.governance.redis_client import RedisClient, Script
+
+        self._redis = RedisClient(url, timeout=STORE_TIMEOUT)
+        self._prefix = prefix
+        self._admit = Script(_ADMIT)
+        self._add = Script(_ADD)
+
+    async def admit(self, checks: Sequence[Check], adds: Sequence[Add]) -> tuple[int, list[float]]:
+        from gateway.governance.redis_client import RedisUnavailable, ReplyError
+
+        prefix = self._prefix
+        keys = [prefix + k for k, _ in checks] + [prefix + k for k, _, _ in adds]
+        args = [len(checks), *(limit for _, limit in checks), *(a for _, a, _ in adds), *(t for _, _, t in adds)]
+        try:
+            failed, values = await self._redis.evalsha(self._admit, keys, args)
+        except (RedisUnavailable, ReplyError) as exc:
+            raise CountersError(str(exc)) from exc
+        return int(failed), [float(v) for v in values]
+
+    def add(self, adds: Sequence[Add]) -> Awaitable[None]:
+        """Sent at once; the future fails with the store's error (the limiter counts it, nothing waits on it)."""
+        prefix = self._prefix
+        return self._redis.evalsha(
+            self._add, [prefix + key for key, _, _ in adds], [a for _, a, _ in adds] + [t for _, _, t in adds]
+        )
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+_MINUTE_TTL = 120  # a minute's counters outlive it a little
+_INFLIGHT_TTL = 3600  # an in-flight count a crashed process never gave back is forgotten within the hour
+SHARED_COUNT_DELAY = 1.0  # seconds a running request's tokens wait to be sent to shared counters
+
+
+class Lease:
+    """An admitted request's hold on its rules. Its tokens and cost are counted as they become known (``count``,
+    with the running totals of the fold: input and cache tokens at ``message_start``, output at each
+    ``message_delta``), and it is settled once, with the totals it ended with (partial for a failed or cancelled
+    stream), which also gives back its slot in flight."""
+
+    __slots__ = ("_cost", "_limiter", "_pending", "_rules", "_tokens", "_usage", "settled")
+
+    def __init__(self, limiter: Limiter, rules: list[Rule], usage: Sequence[Usage] = ()) -> None:
+        self._limiter = limiter
+        self._rules = rules
+        self._usage = usage  # where its tokens and cost go: the admission's windows (module docstring)
+        self._tokens = 0  # counted so far
+        self._cost = 0.0
+        self._pending: tuple[int, float] = (0, 0.0)  # counted here, not yet sent to shared counters
+        self.settled = False
+
+    def count(self, tokens: int, cost: float | None) -> None:
+        """The request has used ``tokens`` and ``cost`` so far (running totals)."""
+        if self.settled or not self._rules:
+            return
+        more, spent = tokens - self._tokens, (cost or 0.0) - self._cost
+        if more <= 0 and spent <= 0:
+            return
+        self._tokens, self._cost = tokens, self._cost + max(0.0, spent)
+        self._limiter.count(self, max(0, more), max(0.0, spent))
+
+    def settle(self, tokens: int, cost: float | None) -> None:
+        if self.settled:
+            return
+        self.count(tokens, cost)
+        self.settled = True
+        pending, self._pending = self._pending, (0, 0.0)
+        self._limiter.settle(self, *pending)
+
+
+class Limiter:
+    """Admission and accounting over ``counters`` (this process's, or Redis for many). ``clock``: wall time in
+    seconds (injected in tests); ``on_refusal(limit, scope kind)`` and ``on_store_error()`` count."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        on_refusal: Callable[[str, str], None] | None = None,
+        counters: Counters | None = None,
+        *,
+        on_store_error: str = "allow",
+        store_errors: Callable[[], None] | None = None,
+    ) -> None:
+        self._clock = clock
+        self._on_refusal = on_refusal
+        self.counters: Counters = counters or MemoryCounters()
+        self._policy = on_store_error
+        self._store_errors = store_errors
+        self._logged_at = 0.0
+        self._sent: set[asyncio.Future[Any]] = set()  # settlements and flushes under way
+        self._waiting: set[Lease] = set()  # leases with counts not yet sent to shared counters
+        self._flush_at: asyncio.TimerHandle | None = None
+        self._period_s = _test_period()
+
+    @staticmethod
+    def rules(settings: Settings, key: ClientKey | None) -> list[Rule]:
+        out: list[Rule] = []
+        name = key.name if key is not None else ""
+        own = key.limits if key is not None and key.limits is not None else settings.limits
+        if own is not None:
+            out.append((f"key:{name}", own))
+        if key is not None and key.team:
+            team = settings.teams.get(key.team)
+            if team is not None and team.limits is not None:
+                out.append((f"team:{key.team}", team.limits))
+        return out
+
+    def _plan(
+        self, rules: list[Rule], now: float
+    ) -> tuple[list[Check], list[tuple[str, str, float]], list[Add], list[Usage]]:
+        """The counters an admission checks (with what each is), what it adds when admitted, and where the
+        request's tokens and cost will go (the windows of ``now``, its admission)."""
+        minute = int(now // 60)
+        checks: list[Check] = []
+        what: list[tuple[str, str, float]] = []  # (limit, scope, the window's end)
+        adds: list[Add] = []
+        usage: list[Usage] = []
+        for scope, limits in rules:
+            usd: tuple[str | None, float] = (None, 0.0)
+            if limits.requests_per_minute is not None:
+                checks.append((f"{scope}|requests|{minute}", limits.requests_per_minute))
+                what.append(("requests_per_minute", scope, (minute + 1) * 60))
+            if limits.tokens_per_minute is not None:
+                checks.append((f"{scope}|tokens|{minute}", limits.tokens_per_minute))
+                what.append(("tokens_per_minute", scope, (minute + 1) * 60))
+            if limits.max_inflight is not None:
+                checks.append((f"{scope}|inflight", limits.max_inflight))
+                what.append(("max_inflight", scope, now + 1))
+            if limits.budget is not None:
+                window, ends = budget_window(limits.budget.per, now, self._period_s)
+                usd = (f"{scope}|usd|{window}", ends)
+                checks.append((usd[0], limits.budget.usd))
+                what.append(("budget", scope, ends))
+            adds.append((f"{scope}|requests|{minute}", 1, _MINUTE_TTL))
+            adds.append((f"{scope}|inflight", 1, _INFLIGHT_TTL))
+            usage.append((f"{scope}|tokens|{minute}", *usd))
+        return checks, what, adds, usage
+
+    async def admit(self, settings: Settings, key: ClientKey | None) -> tuple[Lease | None, dict[str, str]]:
+        """A lease for a request under every rule that applies (None when none does) and the rate-limit headers
+        for its response; ``RateLimited`` or ``BudgetExceeded`` when a limit is reached."""
+        rules = self.rules(settings, key)
+        if not rules:
+            return None, {}
+        now = self._clock()
+        checks, what, adds, usage = self._plan(rules, now)
+        try:
+            if isinstance(self.counters, MemoryCounters):  # on the limiter's clock, as its counts and settlements
+                failed, values = self.counters.admit_now(checks, adds, now)
+            else:
+                failed, values = await self.counters.admit(checks, adds)
+        except CountersError as exc:
+            self._store_error(exc)
+            if self._policy == "deny":
+                raise LimitStoreDown("the gateway's rate-limit store cannot be reached; retry shortly") from exc
+            return Lease(self, []), {}  # allowed, uncounted
+        headers = self._headers(checks, what, values, counted=failed < 0)
+        if failed >= 0:
+            raise self._refusal(checks[failed][1], values[failed], what[failed], now, headers)
+        return Lease(self, rules, usage), headers
+
+    def _refusal(
+        self, limit: float, value: float, what: tuple[str, str, float], now: float, headers: dict[str, str]
+    ) -> GatewayError:
+        kind, scope, ends = what
+        if self._on_refusal is not None:
+            self._on_refusal(kind, scope.split(":", 1)[0])
+        wait = max(1, math.ceil(ends - now))
+        if kind == "budget":
+            return BudgetExceeded(
+                f"{_who(scope)} has spent ${value:.2f} of its ${limit:g} budget; it resets at {_iso(ends)}",
+                headers={**headers, "retry-after": str(wait), "x-should-retry": "false"},
+            )
+        described = {
+            "requests_per_minute": f"its limit of {limit:g} requests per minute",
+            "tokens_per_minute": f"its limit of {limit:g} tokens per minute",
+            "max_inflight": f"its limit of {limit:g} requests in flight",
+        }[kind]
+        return RateLimited(
+            f"{_who(scope)} is over {described}; retry in {wait} s", headers={**headers, "retry-after": str(wait)}
+        )
+
+    @staticmethod
+    def _headers(
+        checks: list[Check], what: list[tuple[str, str, float]], values: list[float], *, counted: bool
+    ) -> dict[str, str]:
+        """The API's rate-limit headers, for the most restrictive rule of each kind (after this request)."""
+        headers: dict[str, str] = {}
+        for kind, name in (("requests_per_minute", "requests"), ("tokens_per_minute", "tokens")):
+            best: tuple[float, float, float] | None = None
+            for (_, limit), (k, _, ends), value in zip(checks, what, values, strict=True):
+                if k != kind:
+                    continue
+                used = value + (1 if counted and kind == "requests_per_minute" else 0)
+                remaining = max(0.0, limit - used)
+                if best is None or remaining < best[0]:
+                    best = (remaining, limit, ends)
+            if best is not None:
+                headers[f"anthropic-ratelimit-{name}-limit"] = f"{best[1]:g}"
+                headers[f"anthropic-ratelimit-{name}-remaining"] = str(int(best[0]))
+                headers[f"anthropic-ratelimit-{name}-reset"] = _iso(best[2])
+        return headers
+
+    def count(self, lease: Lease, tokens: int, cost: float) -> None:
+        """More tokens and cost for a running request, in its admission's windows: counted now in this process's
+        counters; for shared ones gathered on the lease and sent by the next flush (one every ``SHARED_COUNT_DELAY``
+        seconds at most, every waiting lease in one round trip), or with the settlement when the request ends first
+        (so a short request costs one round trip at its end, and a long stream's input tokens are counted for
+        everyone while it runs)."""
+        if isinstance(self.counters, MemoryCounters):
+            now = self._clock()
+            self.counters.add_now(self._usage_adds(lease._usage, tokens, cost, now), now)
+            return
+        held, spent = lease._pending
+        lease._pending = (held + tokens, spent + cost)
+        self._waiting.add(lease)
+        if self._flush_at is None:
+            self._flush_at = asyncio.get_running_loop().call_later(SHARED_COUNT_DELAY, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_at = None
+        now = self._clock()
+        adds: list[Add] = []
+        for lease in self._waiting:
+            (tokens, cost), lease._pending = lease._pending, (0, 0.0)
+            adds += self._usage_adds(lease._usage, tokens, cost, now)
+        self._waiting.clear()
+        if adds:
+            self._send(adds)
+
+    @staticmethod
+    def _usage_adds(usage: Sequence[Usage], tokens: int, cost: float, now: float) -> list[Add]:
+        """Tokens and cost to the admission's counters (``now`` only sets how long they are kept: a budget's
+        counter a day past its window's end, however late the request ended)."""
+        adds: list[Add] = []
+        for tokens_key, usd_key, ends in usage:
+            if tokens:
+                adds.append((tokens_key, tokens, _MINUTE_TTL))
+            if cost and usd_key is not None:
+                adds.append((usd_key, cost, max(1, math.ceil(ends - now)) + 86_400))
+        return adds
+
+    def settle(self, lease: Lease, tokens: int = 0, cost: float = 0.0) -> None:
+        """A request ended: give back its slot in flight, with the tokens and cost not yet counted, in its
+        admission's windows (off the request path with Redis: one round trip, sent at once)."""
+        rules = lease._rules
+        if not rules:
+            return
+        self._waiting.discard(lease)
+        now = self._clock()
+        adds: list[Add] = [(f"{scope}|inflight", -1, _INFLIGHT_TTL) for scope, _ in rules]
+        adds += self._usage_adds(lease._usage, tokens, cost, now)
+        if isinstance(self.counters, MemoryCounters):
+            self.counters.add_now(adds, now)
+            return
+        self._send(adds)
+
+    def _send(self, adds: list[Add]) -> None:
+        """Off the request path: a future the store settles (no task), or a task for a coroutine."""
+        sent = self.counters.add(adds)
+        if not asyncio.isfuture(sent):
+            sent = asyncio.get_running_loop().create_task(_awaited(sent))
+        self._sent.add(sent)
+        sent.add_done_callback(self._done)
+
+    def _done(self, sent: asyncio.Future[Any]) -> None:
+        self._sent.discard(sent)
+        if not sent.cancelled() and (exc := sent.exception()) is not None:
+            self._store_error(exc)
+
+    def _store_error(self, exc: BaseException) -> None:
+        if self._store_errors is not None:
+            self._store_errors()
+        now = time.monotonic()
+        if now - self._logged_at >= 60:  # once a minute, however many requests see it
+            self._logged_at = now
+            log.warning("rate-limit store unreachable (%s): limits.on_store_error is %s", exc, self._policy)
+
+    async def aclose(self) -> None:
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush()
+        if self._sent:
+            await asyncio.gather(*self._sent, return_exceptions=True)
+        await self.counters.aclose()
+
+
+async def _awaited(sent: Awaitable[None]) -> None:
+    await sent
+
+
+def _who(scope: str) -> str:
+    kind, _, name = scope.partition(":")
+    return f"{kind} {name!r}" if name else "this gateway's default"

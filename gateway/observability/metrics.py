@@ -1,0 +1,238 @@
+"""Prometheus metrics, one registry per app (so tests and several apps in a process stay apart)."""
+
+from __future__ import annotations
+
+import os
+from fnmatch import fnmatchcase
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from gateway.settings import Price
+from gateway.wire.events import Usage
+
+__all__ = ["CONTENT_TYPE", "TOKEN_TYPES", "Metrics", "multiprocess_dir"]
+
+# The ``type`` label of gateway_tokens_total, in the order _Children holds them.
+TOKEN_TYPES = ("input", "output", "cache_read", "cache_creation")
+
+_MISSING = object()
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+def multiprocess_dir() -> str | None:
+    """prometheus-client's multiprocess directory: set by the CLI for ``workers > 1`` (each worker writes its
+    values there; a scrape merges them), or by the operator."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self._children: dict[tuple[str, str, str, str], _Children] = {}
+        r = self.registry
+        self.requests = Counter(
+            "gateway_requests", "Requests by outcome.", ["alias", "provider", "model", "outcome"], registry=r
+        )
+        self.tokens = Counter(
+            "gateway_tokens",
+            "Tokens by type (usage folded from the stream).",
+            ["alias", "provider", "model", "type"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Whole request duration.",
+            ["alias", "provider"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "gateway_time_to_first_token_seconds",
+            "Time to the first content delta.",
+            ["alias", "provider"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        # with several workers (multiprocess mode) the gauges are summed over the live worker processes
+        self.inflight = Gauge(
+            "gateway_inflight_requests", "Requests being served.", registry=r, multiprocess_mode="livesum"
+        )
+        self.violations = Counter(
+            "gateway_stream_violations", "Upstream streams that broke the protocol.", ["provider", "rule"], registry=r
+        )
+        self.upstream_errors = Counter(
+            "gateway_upstream_errors", "Errors from providers.", ["provider", "error_type"], registry=r
+        )
+        self.unknown_events = Counter(
+            "gateway_unknown_events",
+            "Events of types this gateway does not know, passed through.",
+            ["provider", "type"],
+            registry=r,
+        )
+
+        self.fallbacks = Counter(
+            "gateway_fallbacks",
+            "Requests handed to another target before their first byte.",
+            ["alias", "from", "to", "reason"],
+            registry=r,
+        )
+        self.panics = Counter(
+            "gateway_breaker_panics",
+            "Requests sent to a target whose breaker is open or that is throttled, because no target of the alias "
+            "was available (the panic rule: the provider answers, never the gateway in its place).",
+            ["alias"],
+            registry=r,
+        )
+        self.added_latency = Histogram(
+            "gateway_added_latency_seconds",
+            "Time to first byte added by the gateway over the provider's own (retries and fallbacks included).",
+            ["alias", "provider"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.cost = Counter(
+            "gateway_cost_usd",
+            "Cost of the tokens used, from the config's pricing table.",
+            ["alias", "provider", "model"],
+            registry=r,
+        )
+        self.ledger_rows_total = Counter(
+            "gateway_ledger_rows",
+            "Usage ledger rows by what became of them: written to the store, retried after a failed write "
+            "(counted per attempt), dropped (the queue was full, or still held rows at shutdown).",
+            ["result"],
+            registry=r,
+        )
+        self.ledger_queue_rows = Gauge(
+            "gateway_ledger_queue_rows",
+            "Usage ledger rows waiting to be written.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.limited = Counter(
+            "gateway_limited",
+            "Requests refused by a rate limit or budget, by limit and by the scope it was set on (key, team).",
+            ["limit", "scope"],
+            registry=r,
+        )
+        self.limit_store_errors = Counter(
+            "gateway_limit_store_errors",
+            "Admissions and settlements that could not reach the shared rate-limit store (limits.redis_url).",
+            registry=r,
+        )
+        # collectors that read this process's live state at scrape time (the breakers): per worker
+        self.live = CollectorRegistry()
+        self.pricing: list[tuple[str, Price]] = []
+        self.tracer: Any = None  # an OpenTelemetry tracer when server.tracing is on
+        self._prices: dict[str, Price | None] = {}
+        self.usage_mismatch = Counter(
+            "gateway_usage_mismatch",
+            "Streams whose provider-side token counts (Bedrock invocation metrics) disagree with the stream's usage.",
+            ["provider"],
+            registry=r,
+        )
+
+    def record_request(
+        self,
+        *,
+        alias: str,
+        provider: str,
+        model: str,
+        outcome: str,
+        usage: Usage,
+        duration: float,
+        time_to_first_token: float | None,
+        timed: bool = True,
+        cost: float | None = None,
+    ) -> None:
+        """One request's outcome and tokens; ``timed``: observe its duration and time to first token too (not
+        for a token count, whose latency is not a message's). ``model`` is a label, so it is the configured
+        target model ("" for a target that forwards the client's name: a name a client invents never becomes a
+        label value); ``cost``: its price in US dollars (``gateway.wire.usage_fold.cost_of`` of the model actually
+        asked for), None without one."""
+        children = self._children.get((alias, provider, model, outcome))
+        if children is None:
+            children = self._children[(alias, provider, model, outcome)] = _Children(
+                self, alias, provider, model, outcome
+            )
+        children.requests.inc()
+        if usage.input_tokens:
+            children.input.inc(usage.input_tokens)
+        if usage.output_tokens:
+            children.output.inc(usage.output_tokens)
+        if usage.cache_read_input_tokens:
+            children.cache_read.inc(usage.cache_read_input_tokens)
+        if usage.cache_creation_input_tokens:
+            children.cache_creation.inc(usage.cache_creation_input_tokens)
+        if cost:
+            self.cost.labels(alias, provider, model).inc(cost)
+        if provider and timed:
+            children.duration.observe(duration)
+            if time_to_first_token is not None:
+                children.ttft.observe(time_to_first_token)
+
+    def ledger_rows(self, result: str, n: int) -> None:
+        self.ledger_rows_total.labels(result).inc(n)
+
+    def ledger_queue(self, depth: int) -> None:
+        self.ledger_queue_rows.set(depth)
+
+    def set_pricing(self, pricing: dict[str, Price]) -> None:
+        self.pricing = list(pricing.items())
+        self._prices = {}
+
+    def price_of(self, model: str) -> Price | None:
+        price = self._prices.get(model, _MISSING)
+        if price is _MISSING:
+            price = next((p for pattern, p in self.pricing if fnmatchcase(model, pattern)), None)
+            if len(self._prices) < 4096:
+                self._prices[model] = price
+        return price  # type: ignore[return-value]
+
+    def render(self) -> bytes:
+        """The exposition: every worker's counters, histograms and gauges merged (multiprocess mode, when the
+        CLI serves several workers), else this process's; then this process's live collectors."""
+        return generate_latest(self._merged() or self.registry) + generate_latest(self.live)
+
+    @staticmethod
+    def _merged() -> CollectorRegistry | None:
+        if not multiprocess_dir():
+            return None
+        from prometheus_client import multiprocess
+
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged)  # type: ignore[no-untyped-call]
+        return merged
+
+    def totals(self, counter: Counter, key: str) -> dict[tuple[str, str, str], dict[str, float]]:
+        """A counter's current values as ``{(alias, provider, model): {<label key>: value}}``: what the status
+        page shows, read from the same samples ``/metrics`` renders."""
+        out: dict[tuple[str, str, str], dict[str, float]] = {}
+        merged = self._merged()
+        families = counter.collect() if merged is None else [f for f in merged.collect() if f.name == counter._name]
+        for family in families:
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    labels = sample.labels
+                    row = out.setdefault((labels["alias"], labels["provider"], labels["model"]), {})
+                    row[labels[key]] = row.get(labels[key], 0.0) + sample.value
+        return out
+
+
+class _Children:
+    """The labelled children one kind of request writes to, looked up once (``labels()`` is not free)."""
+
+    __slots__ = ("cache_creation", "cache_read", "duration", "input", "output", "requests", "ttft")
+
+    def __init__(self, metrics: Metrics, alias: str, provider: str, model: str, outcome: str) -> None:
+        self.requests = metrics.requests.labels(alias, provider, model, outcome)
+        tokens = metrics.tokens
+        self.input, self.output, self.cache_read, self.cache_creation = (
+            tokens.labels(alias, provider, model, token_type) for token_type in TOKEN_TYPES
+        )
+        self.duration = metrics.duration.labels(alias, provider)
+        self.ttft = metrics.ttft.labels(alias, provider)

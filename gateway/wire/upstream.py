@@ -1,0 +1,719 @@
+"""The one seam between adapters and the HTTP client that talks to providers.
+
+Adapters call ``HttpClient.send`` and get an ``UpstreamResponse`` once the status line and headers
+are in; the body is then read whole (``read``) or as it arrives (``chunks``). The client library is
+the largest per-stream cost of a gateway (docs/performance-model.md §1), so it is swappable here and nowhere
+else: ``AiohttpClient`` (it yields one chunk per socket read, coalescing events that arrive together),
+``H1Client`` (``asyncio.Protocol`` + ``httptools``, one Python layer per read; issue 21) and
+``HttpxClient`` (httpx's default transport, kept for comparison and for
+environments that prefer it). Foreign exceptions become gateway errors at this boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import zlib
+from collections import deque
+from collections.abc import AsyncGenerator, Iterator, Mapping
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlsplit
+
+import httptools
+
+from gateway.wire.errors import UpstreamConnectionError, UpstreamTimeout
+
+if TYPE_CHECKING:  # imported when their client is made: the default (h1) needs neither (~20 MB each)
+    import aiohttp
+    import httpx
+
+__all__ = [
+    "DEFAULT_CLIENT",
+    "MAX_ANSWER_BYTES",
+    "MAX_ERROR_BYTES",
+    "AiohttpClient",
+    "BodyTooLarge",
+    "H1Client",
+    "HttpClient",
+    "HttpxClient",
+    "StreamInterrupted",
+    "Timeouts",
+    "UpstreamResponse",
+    "make_client",
+]
+
+
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+"""The largest JSON answer read from a provider, decompressed (the API's own request limit; a message is
+far smaller). A gzip that inflates past it is refused as it inflates, never held whole."""
+MAX_ERROR_BYTES = 1024 * 1024
+"""The largest error body read from a provider, decompressed."""
+
+
+class BodyTooLarge(Exception):
+    """A provider's body passed the limit ``read`` was given."""
+
+
+log = logging.getLogger("gateway")
+
+
+class StreamInterrupted(Exception):
+    """The provider's response body broke off after it started (reset, truncated, read timeout)."""
+
+    def __init__(self, message: str, *, timeout: bool = False) -> None:
+        super().__init__(message)
+        self.timeout = timeout
+
+
+class Timeouts:
+    __slots__ = ("aiohttp", "connect", "read")
+
+    def __init__(self, connect: float, read: float) -> None:
+        self.connect = connect
+        self.read = read
+        self.aiohttp: aiohttp.ClientTimeout | None = None  # built once, on first use
+
+
+class UpstreamResponse(Protocol):
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Case-insensitive response headers."""
+        ...
+
+    def chunks(self) -> AsyncGenerator[bytes]:
+        """The body as it arrives, one item per socket read; close it (``aclose``) when done early."""
+        ...
+
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body, decompressed; ``BodyTooLarge`` as soon as it passes ``limit`` bytes."""
+        ...
+
+    def at_eof(self) -> bool:
+        """Whether the body has arrived to its end and been read: going on with ``chunks`` reads nothing more
+        (False when unknown)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Drop the connection if the body was not read to the end (a client went away)."""
+        ...
+
+
+class HttpClient(Protocol):
+    async def send(
+        self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None, timeouts: Timeouts
+    ) -> UpstreamResponse: ...
+
+    async def aclose(self) -> None: ...
+
+
+# --- aiohttp ----------------------------------------------------------------------------------------------
+
+
+class _AiohttpResponse:
+    __slots__ = ("_resp",)
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self._resp = resp
+
+    @property
+    def status(self) -> int:
+        return self._resp.status
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._resp.headers
+
+    async def chunks(self) -> AsyncGenerator[bytes]:
+        import aiohttp
+
+        try:
+            async for chunk in self._resp.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+            timeout = isinstance(exc, asyncio.TimeoutError)
+            raise StreamInterrupted(_describe(exc, "upstream stream broke off"), timeout=timeout) from exc
+        finally:
+            self._resp.release()
+
+    async def read(self, limit: int | None = None) -> bytes:
+        import aiohttp
+
+        resp = self._resp
+        try:
+            length = resp.content_length
+            if limit is None or (length is not None and length <= limit and "content-encoding" not in resp.headers):
+                return await resp.read()  # its size is known and within the limit: read it in one go
+            body = bytearray()
+            async for chunk in self._resp.content.iter_any():  # decompressed as it arrives
+                body += chunk
+                if len(body) > limit:
+                    self._resp.close()
+                    raise BodyTooLarge(f"the body passed {limit} bytes")
+            return bytes(body)
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+            if isinstance(exc, asyncio.TimeoutError):
+                raise UpstreamTimeout("timed out reading the upstream response") from exc
+            raise UpstreamConnectionError(_describe(exc, "upstream response broke off")) from exc
+        finally:
+            self._resp.release()
+
+    def at_eof(self) -> bool:
+        return self._resp.content.at_eof()
+
+    async def aclose(self) -> None:
+        if not self._resp.content.at_eof():
+            self._resp.close()
+        else:
+            self._resp.release()
+
+
+class AiohttpClient:
+    """Default upstream client: aiohttp, one pooled session per process."""
+
+    def __init__(self) -> None:
+        import aiohttp
+
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            # A gateway must never carry one client's provider cookies into another client's request
+            # (and skipping the jar saves a filter pass per request).
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=True,
+            skip_auto_headers=("User-Agent",),
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+
+    async def send(
+        self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None, timeouts: Timeouts
+    ) -> UpstreamResponse:
+        import aiohttp
+
+        timeout = timeouts.aiohttp
+        if timeout is None:
+            timeout = timeouts.aiohttp = aiohttp.ClientTimeout(
+                total=None, sock_connect=timeouts.connect, sock_read=timeouts.read
+            )
+        try:
+            # never follow a redirect: no provider redirects a Messages call, and following one would carry the
+            # provider key to whatever host it names (a 3xx becomes an upstream error in adapters.base)
+            resp = await self._session.request(
+                method, url, headers=headers, data=body, timeout=timeout, allow_redirects=False
+            )
+        except TimeoutError as exc:
+            log.warning("timed out connecting to or waiting for %s", _host(url))
+            raise UpstreamTimeout("timed out connecting to or waiting for the provider") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise _unreachable(url, exc) from exc
+        return _AiohttpResponse(resp)
+
+    async def aclose(self) -> None:
+        await self._session.close()
+
+
+# --- httpx ------------------------------------------------------------------------------------------------
+
+
+class _HttpxResponse:
+    __slots__ = ("_resp",)
+
+    def __init__(self, resp: httpx.Response) -> None:
+        self._resp = resp
+
+    @property
+    def status(self) -> int:
+        return self._resp.status_code
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self._resp.headers
+
+    async def chunks(self) -> AsyncGenerator[bytes]:
+        import httpx
+
+        try:
+            async for chunk in self._resp.aiter_raw():
+                yield chunk
+        except httpx.TransportError as exc:
+            timeout = isinstance(exc, httpx.TimeoutException)
+            raise StreamInterrupted(_describe(exc, "upstream stream broke off"), timeout=timeout) from exc
+        finally:
+            await self._resp.aclose()
+
+    async def read(self, limit: int | None = None) -> bytes:
+        import httpx
+
+        try:
+            if limit is None:
+                return await self._resp.aread()
+            body = bytearray()
+            async for chunk in self._resp.aiter_bytes():  # decoded as it arrives
+                body += chunk
+                if len(body) > limit:
+                    raise BodyTooLarge(f"the body passed {limit} bytes")
+            return bytes(body)
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout("timed out reading the upstream response") from exc
+        except httpx.TransportError as exc:
+            raise UpstreamConnectionError(_describe(exc, "upstream response broke off")) from exc
+        finally:
+            await self._resp.aclose()
+
+    def at_eof(self) -> bool:
+        return False  # httpx does not say without reading: the stream is drained in the background
+
+    async def aclose(self) -> None:
+        await self._resp.aclose()
+
+
+class HttpxClient:
+    """httpx on its default transport (httpcore + h11), or on another httpx transport."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        import httpx
+
+        self._client = httpx.AsyncClient(
+            transport=transport,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
+            cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),  # keep no cookies (see above)
+        )
+
+    async def send(
+        self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None, timeouts: Timeouts
+    ) -> UpstreamResponse:
+        import httpx
+
+        timeout = httpx.Timeout(timeouts.read, connect=timeouts.connect)
+        request = self._client.build_request(method, url, headers=dict(headers), content=body, timeout=timeout)
+        try:
+            resp = await self._client.send(request, stream=True, follow_redirects=False)  # never (see aiohttp's)
+        except httpx.TimeoutException as exc:
+            log.warning("timed out connecting to or waiting for %s", _host(url))
+            raise UpstreamTimeout("timed out connecting to or waiting for the provider") from exc
+        except httpx.TransportError as exc:
+            raise _unreachable(url, exc) from exc
+        return _HttpxResponse(resp)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+# --- h1: asyncio.Protocol + httptools ----------------------------------------------------------------
+# A minimal HTTP/1.1 upstream client on ``asyncio.Protocol`` and ``httptools`` (issue 21): the seam's
+# ``HttpClient`` with one Python layer per socket read instead of aiohttp's several.
+#
+# What it does, and no more: keep-alive connections pooled per (scheme, host, port), TLS with the system's
+# trust store (SNI, hostname checked), the connect timeout and a read timeout that restarts with every read (one
+# timer per connection, reset in ``data_received``), ``Content-Length`` and chunked bodies (``httptools``),
+# ``gzip`` / ``deflate`` decompressed as the body arrives (``read(limit)`` refuses a body that inflates past its
+# limit), redirects never followed (the seam's rule), no cookies, no proxies (as the aiohttp client: no
+# ``trust_env``). A connection whose answer was not read to its end is closed, never reused. Select it with
+# ``MESSAGES_GATEWAY_UPSTREAM_CLIENT=h1`` (``gateway.wire.upstream.make_client``).
+
+_MAX_IDLE_PER_HOST = 64
+_HIGH_WATER = 1 << 20  # bytes of body held unread before the socket stops being read (the client is slow)
+
+
+class _H1Headers(Mapping[str, str]):
+    """Case-insensitive response headers (names kept lower-case; a repeated name keeps its last value: the
+    headers the gateway reads come once)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: dict[str, str]) -> None:
+        self._items = items
+
+    def __getitem__(self, name: str) -> str:
+        return self._items[name.lower()]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._items
+
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        return self._items.get(name.lower(), default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class _Conn(asyncio.Protocol):
+    """One connection: the response being parsed, its body chunks, the read timer."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, key: tuple[str, str, int]) -> None:
+        self.loop = loop
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.read_timeout = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._last_read = 0.0  # when the read timer runs: the loop time of the last read
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._name = ""
+        self.head: asyncio.Future[None] = self.loop.create_future()
+        self.body: deque[bytes] = deque()
+        self.buffered = 0
+        self.paused = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.complete = False
+        self.error: BaseException | None = None
+        self.reusable = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # a TCP transport (uvloop's is no asyncio.Transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._timer is not None:  # the silence counts from here (the timer re-arms itself for the rest)
+            self._last_read = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # pragma: no cover - providers do not upgrade
+            self._fail(ConnectionError("unexpected protocol upgrade"))
+        except httptools.HttpParserError as exc:
+            self._fail(ConnectionError(f"malformed HTTP response: {exc}"))
+
+    def _ended_by_close(self) -> bool:
+        """A body with neither a length nor chunks ends with the connection (HTTP/1.1 §6.3)."""
+        headers = self.headers
+        return (
+            self.head.done()
+            and self.error is None
+            and "content-length" not in headers
+            and "chunked" not in headers.get("transfer-encoding", "").lower()
+        )
+
+    def eof_received(self) -> bool | None:
+        self._end()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._stop_timer()
+        self._end(exc)
+
+    def _end(self, exc: Exception | None = None) -> None:
+        if self.complete:
+            return
+        if exc is None and self._ended_by_close():
+            self.complete = True
+            self.reusable = False
+            self._wake()
+            return
+        self._fail(exc or ConnectionError("the connection closed before the response was complete"))
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.buffered += len(body)
+        if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def taken(self) -> None:
+        """The body held so far was handed on: read the socket again if it was paused."""
+        self.buffered = 0
+        if self.paused and self.transport is not None and not self.closed:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.reusable = self.parser.should_keep_alive()
+        self._stop_timer()
+        self._wake()
+
+    # helpers
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        if not self.head.done():
+            self.head.set_exception(exc)
+            self.head.exception()  # retrieved: a caller that gave up does not log it
+        self._wake()
+        self.close()
+
+    def _timed_out(self) -> None:
+        """One timer per response, not one per read: when it fires after bytes came, it waits out the rest of
+        the silence from the last read (as the server's head timer does)."""
+        deadline = self._last_read + self.read_timeout
+        if deadline > self.loop.time():
+            self._timer = self.loop.call_at(deadline, self._timed_out)
+            return
+        self._timer = None
+        self._fail(TimeoutError("no data from the provider within the read timeout"))
+
+    def start_timer(self, seconds: float) -> None:
+        self.read_timeout = seconds
+        self._stop_timer()
+        self._last_read = self.loop.time()
+        self._timer = self.loop.call_at(self._last_read + seconds, self._timed_out)
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def close(self) -> None:
+        self.closed = True
+        self._stop_timer()
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _H1Response:
+    __slots__ = ("_client", "_conn", "_decoder", "_done", "_eof", "headers", "status")
+
+    def __init__(self, client: H1Client, conn: _Conn) -> None:
+        self._client = client
+        self._conn = conn
+        self.status = conn.status
+        self.headers: Mapping[str, str] = _H1Headers(conn.headers)
+        encoding = conn.headers.get("content-encoding", "").strip().lower()
+        self._decoder = _decoder(encoding)
+        self._done = False
+        self._eof = False
+
+    async def _next(self) -> bytes | None:
+        """The body the connection holds, handed on as one chunk once there is some; ``None`` at its end."""
+        conn = self._conn
+        body = conn.body
+        while not body:
+            if conn.complete:
+                return None
+            if conn.error is not None:
+                raise conn.error
+            conn.waiter = conn.loop.create_future()
+            await conn.waiter
+            conn.waiter = None
+        chunk = body.popleft() if len(body) == 1 else b"".join([body.popleft() for _ in range(len(body))])
+        conn.taken()
+        return chunk
+
+    async def chunks(self) -> AsyncGenerator[bytes]:
+        decoder = self._decoder
+        try:
+            while (chunk := await self._next()) is not None:
+                out = decoder.decompress(chunk) if decoder is not None else chunk
+                if out:
+                    yield out
+        except (TimeoutError, ConnectionError, OSError, zlib.error) as exc:
+            raise StreamInterrupted(
+                _describe(exc, "upstream stream broke off"), timeout=isinstance(exc, TimeoutError)
+            ) from exc
+        finally:
+            self._finish()
+
+    async def read(self, limit: int | None = None) -> bytes:
+        out = bytearray()
+        decoder = self._decoder
+        try:
+            while (chunk := await self._next()) is not None:
+                if decoder is not None:
+                    chunk = decoder.decompress(chunk, (limit + 1 - len(out)) if limit is not None else 0)
+                    if decoder.unconsumed_tail:
+                        raise BodyTooLarge(f"the body passed {limit} bytes")
+                out += chunk
+                if limit is not None and len(out) > limit:
+                    raise BodyTooLarge(f"the body passed {limit} bytes")
+            return bytes(out)
+        except TimeoutError as exc:
+            raise UpstreamTimeout("timed out reading the upstream response") from exc
+        except (ConnectionError, OSError, zlib.error) as exc:
+            raise UpstreamConnectionError(_describe(exc, "upstream response broke off")) from exc
+        finally:
+            self._finish()
+
+    def at_eof(self) -> bool:
+        if self._done:
+            return self._eof
+        return self._conn.complete and not self._conn.body
+
+    def _finish(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        conn = self._conn
+        self._eof = conn.complete and not conn.body and conn.error is None
+        if conn.complete and not conn.body and conn.reusable and conn.error is None and not conn.closed:
+            self._client._release(conn)
+        else:
+            conn.close()
+
+    async def aclose(self) -> None:
+        self._finish()
+
+
+def _decoder(encoding: str) -> zlib._Decompress | None:
+    if encoding in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if encoding == "deflate":
+        return zlib.decompressobj()
+    return None
+
+
+class H1Client:
+    """The upstream client on ``asyncio.Protocol`` + ``httptools``: one pool of keep-alive connections.
+    ``ssl_context``: instead of the system's trust store (tests with their own CA)."""
+
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
+        self._ssl: ssl.SSLContext | None = ssl_context
+        self._closed = False
+
+    def _release(self, conn: _Conn) -> None:
+        idle = self._idle.setdefault(conn.key, [])
+        if self._closed or len(idle) >= _MAX_IDLE_PER_HOST:
+            conn.close()
+            return
+        conn._reset()
+        idle.append(conn)
+
+    async def _connect(self, key: tuple[str, str, int], seconds: float) -> _Conn:
+        scheme, host, port = key
+        loop = asyncio.get_running_loop()
+        if scheme == "https" and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        conn = _Conn(loop, key)
+        try:
+            async with asyncio.timeout(seconds):
+                await loop.create_connection(
+                    lambda: conn,
+                    host,
+                    port,
+                    ssl=self._ssl if scheme == "https" else None,
+                    server_hostname=host if scheme == "https" else None,
+                )
+        except TimeoutError:
+            conn.close()
+            raise
+        return conn
+
+    def _pooled(self, key: tuple[str, str, int]) -> _Conn | None:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+                return conn
+        return None
+
+    async def send(
+        self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None, timeouts: Timeouts
+    ) -> _H1Response:
+        parts = urlsplit(url)
+        scheme = parts.scheme
+        port = parts.port or (443 if scheme == "https" else 80)
+        key = (scheme, parts.hostname or "", port)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        head = _request_head(method, target, parts.netloc, headers, body)
+        for attempt in (0, 1):  # a pooled connection the provider closed meanwhile: once more on a fresh one
+            conn = self._pooled(key) if attempt == 0 else None
+            reused = conn is not None
+            try:
+                if conn is None:
+                    conn = await self._connect(key, timeouts.connect)
+                assert conn.transport is not None
+                conn.start_timer(timeouts.read)
+                conn.transport.write(head + body if body else head)
+                await conn.head
+            except TimeoutError as exc:
+                if conn is not None:
+                    conn.close()
+                raise UpstreamTimeout("timed out connecting to or waiting for the provider") from exc
+            except (OSError, ConnectionError) as exc:
+                if conn is not None:
+                    conn.close()
+                if reused and conn is not None and not conn.body and conn.status == 0:
+                    continue  # nothing was answered on a stale keep-alive connection: retry on a new one
+                raise _unreachable(url, exc) from exc
+            except asyncio.CancelledError:
+                if conn is not None:
+                    conn.close()
+                raise
+            return _H1Response(self, conn)
+        raise UpstreamConnectionError(f"cannot reach the provider at {_host(url)}")  # pragma: no cover
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+
+
+def _request_head(method: str, target: str, host: str, headers: Mapping[str, str], body: bytes | None) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
+    seen = set()
+    for name, value in headers.items():
+        low = name.lower()
+        if low in ("host", "content-length", "transfer-encoding", "connection"):
+            continue
+        seen.add(low)
+        lines.append(f"{name}: {value}")
+    if "accept-encoding" not in seen:
+        lines.append("Accept-Encoding: gzip, deflate")
+    if "accept" not in seen:
+        lines.append("Accept: */*")
+    lines.append(f"Content-Length: {len(body) if body else 0}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+DEFAULT_CLIENT = "h1"
+"""The upstream client a gateway uses unless ``MESSAGES_GATEWAY_UPSTREAM_CLIENT`` names another: ``h1`` measured
+~30 % less CPU per JSON request and per paced event than aiohttp, and ~0.1 ms less added time to first token
+(docs/benchmarks.md, issue 21)."""
+
+
+def make_client(name: str = DEFAULT_CLIENT) -> HttpClient:
+    if name == "aiohttp":
+        return AiohttpClient()
+    if name == "httpx":
+        return HttpxClient()
+    if name == "h1":
+        return H1Client()
+    if name == "httpx-aiohttp":  # measured in docs/benchmarks.md; needs `pip install httpx-aiohttp`
+        from httpx_aiohttp import AiohttpTransport  # type: ignore[import-not-found,unused-ignore]
+
+        return HttpxClient(AiohttpTransport())
+    raise ValueError(f"unknown upstream client {name!r} (aiohttp, h1, httpx or httpx-aiohttp)")
+
+
+def _unreachable(url: str, exc: BaseException) -> UpstreamConnectionError:
+    """A connect failure as the client sees it: its kind, not the provider's host and port (those are logged)."""
+    log.warning("cannot reach %s: %s", _host(url), _describe(exc, type(exc).__name__))
+    return UpstreamConnectionError(f"cannot reach the provider ({type(exc).__name__})")
+
+
+def _host(url: str) -> str:
+    return url.split("/", 3)[2] if "://" in url else url
+
+
+def _describe(exc: BaseException, prefix: str) -> str:
+    detail = type(exc).__name__
+    text = str(exc)
+    return f"{prefix}: {detail}" + (f" ({text})" if text and len(text) < 200 else "")
