@@ -145,16 +145,19 @@ def check_client_stream(events: list[dict[str, Any]], sent: list[tuple[str, byte
 
 def sse_datas(body: bytes) -> list[tuple[str, bytes]]:
     """The event name and data of each well-formed frame, in order (what the provider meant to send), pings left
-    out (by their event name, as the client's side is)."""
+    out by the name the gateway gives a frame, as the client's side is: its data's ``type``, else its event line
+    (``event: ping`` with the data ``{"type": "ing"}`` is an ``ing`` event, which passes as a newer type would)."""
     out = []
     for frame in SseDecoder().feed(body):
         try:
             decode_view(frame.data)
-            json.loads(frame.data.decode("utf-8", "replace"))
+            data = json.loads(frame.data.decode("utf-8", "replace"))
         except (msgspec.DecodeError, ValueError):
             continue
-        if frame.event != b"ping":
-            out.append((frame.event.decode("utf-8", "replace") if frame.event else "", frame.data))
+        event = frame.event.decode("utf-8", "replace") if frame.event else ""
+        typed = data.get("type") if isinstance(data, dict) else None
+        if (typed or event) != "ping":
+            out.append((event, frame.data))
     return out
 
 
