@@ -524,8 +524,8 @@ check_extensions() {
     echo "PID 1 has not loaded adapters/_eventstream_c"
     exit 1
   }
-  has "$maps" '/gateway/_views_c\.' || {
-    echo "PID 1 has not loaded gateway/_views_c"
+  has "$maps" '/gateway/wire/_views_c\.' || {
+    echo "PID 1 has not loaded gateway/wire/_views_c"
     exit 1
   }
   "$ENGINE" exec "$NAME" python -c '
