@@ -4,7 +4,8 @@ A request feature Converse cannot express raises ``ConverseUnsupported`` naming 
 dropping it could change the answer: ``tool_choice`` ``none`` and ``disable_parallel_tool_use: true``,
 server and Anthropic-defined tools, URL/file sources, unknown block types, unknown fields. Dropped on
 purpose, because they cannot change the answer: ``model``/``stream`` (the URL says them),
-``service_tier``, ``anthropic_version``, a ``metadata.user_id`` outside Converse's ``requestMetadata``
+``service_tier``, ``anthropic_version``, a client's own ``anthropic_beta`` body field (the betas sent are the
+header's, as ``server.forward_headers`` lets it through), a ``metadata.user_id`` outside Converse's ``requestMetadata``
 pattern (one inside it is sent as ``requestMetadata.user_id``), ``caller: {type: direct}`` and
 ``tool_choice: auto`` without tools. Cache breakpoints inside ``tool_result``/``document``/
 ``search_result`` content move to just after that block (Converse has none inside them). Consecutive
@@ -38,7 +39,7 @@ def _no(field: str, what: str = "this field") -> ConverseUnsupported:
 _TOP_LEVEL = frozenset(
     {"model", "stream", "service_tier", "anthropic_version", "max_tokens", "messages", "system", "temperature"}
     | {"top_p", "top_k", "stop_sequences", "tools", "tool_choice", "thinking", "metadata", "cache_control"}
-    | {"output_config"}
+    | {"output_config", "anthropic_beta"}  # anthropic_beta: dropped, the betas are the policy-filtered header's
 )
 _IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/gif", "image/webp"})
 _NAME_BAD = re.compile(r"[^A-Za-z0-9\s()\[\]-]+")  # DocumentBlock.name: alnum, whitespace, - ( ) [ ]

@@ -83,14 +83,18 @@ class BedrockAdapter(HttpAdapter):
         return Prepared(self.url(model, name), body, headers)
 
     def body(self, request: ProxyRequest, *, extra: dict[str, Any] | None = None) -> bytes:
-        """The InvokeModel body: the client's, minus ``model``/``stream``, plus Bedrock's version and betas."""
+        """The InvokeModel body: the client's, minus ``model``/``stream``, plus Bedrock's version and betas. The betas
+        are the ``anthropic-beta`` header's (what ``server.forward_headers`` lets through), never a client's own
+        ``anthropic_beta`` body field: without betas in the header the field is dropped."""
         changes: dict[str, Any] = {"anthropic_version": self._config.anthropic_version}
         betas = request.betas()
         if betas:
             changes["anthropic_beta"] = betas
         if extra:
             changes.update(extra)
-        return request.body_with(set=changes, drop=("model", "stream"))
+        return request.body_with(
+            set=changes, drop=("model", "stream") if betas else ("model", "stream", "anthropic_beta")
+        )
 
     def count_input(self, request: ProxyRequest) -> dict[str, Any]:
         extra = None if "max_tokens" in request.fields() else {"max_tokens": 1}  # InvokeModel requires it

@@ -38,6 +38,7 @@ class RequestContext:
         "agent_id",
         "attempts",
         "cancel_outcome",
+        "count",
         "deadline",
         "key",
         "last_chunk",
@@ -78,6 +79,7 @@ class RequestContext:
         self.deadline: float | None = None
         self.attempts = 0  # upstream attempts made so far
         self.stream = False  # the client asked for a stream
+        self.count = False  # a token count (Messages' count_tokens, a surface's count-tokens call): spends nothing
         self.lease: Lease | None = None  # the request's hold on its rate limits and budgets (gateway.governance.limits)
         self.response_headers: dict[str, str] = {}  # the gateway's own headers for the response (a clamp…)
         # (the chunk of the body the pipeline yielded last, the batch it is) when the chunk is a whole batch: a

@@ -31,6 +31,7 @@ import msgspec
 from adapters._eventstream import HeaderValue, encode_chunks, encode_message
 from gateway.wire.errors import InvalidRequest
 from gateway.wire.events import Batch, EventView, Usage, UsageView, decode_view
+from gateway.wire.request import BETA_NAME
 from gateway.wire.sse import split_block
 from gateway.wire.usage_fold import fold_usage
 from surfaces.base import PathCall, Routes, Send, Wire, canonical_body, resolve_cloud_model
@@ -284,6 +285,10 @@ class BedrockCall(PathCall):
                 listed = msgspec.json.decode(betas, type=list[str])
             except msgspec.ValidationError:
                 raise InvalidRequest("anthropic_beta: a list of beta names") from None
+            for name in listed:  # each a token: a JSON string may hold CR, LF, or what latin-1 cannot encode
+                if BETA_NAME.fullmatch(name) is None:
+                    shown = name if len(name) <= 40 else name[:40] + "…"
+                    raise InvalidRequest(f"anthropic_beta: {shown!r} is not a beta name")
             header = [b.strip() for b in headers.get("anthropic-beta", "").split(",") if b.strip()]
             merged = list(dict.fromkeys([*header, *listed]))
             if merged:

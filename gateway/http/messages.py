@@ -24,6 +24,7 @@ from gateway.observability.usage import Outcome, UsageTally
 from gateway.routing import pipeline
 from gateway.wire.errors import GatewayError, RequestTooLarge, error_frame, new_request_id
 from gateway.wire.request import (
+    check_betas,
     check_max_tokens,
     check_model_name,
     parse_count_tokens,
@@ -188,6 +189,7 @@ async def messages_endpoint(
     context = tally.context
     if call is not None:
         send, count = call.wrap(send, context), call.count
+    context.count = count
     if count:
         tally.timed = False  # a token count is not a message: no latency histograms
     limit = runtime.settings.server.max_inflight
@@ -234,6 +236,7 @@ async def _serve(
         body = await _read(scope, receive, headers, server.client_timeout_s, server.max_request_bytes)
         if call is not None:  # a Bedrock- or Vertex-shaped request: the Messages body it stands for
             body = call.canonical(body, headers, runtime.routes)
+        check_betas(headers.get("anthropic-beta"))  # the header, a Bedrock body's list merged into it alike
         if count:
             model, stream, max_tokens = parse_count_tokens(body).model, False, None
         else:

@@ -142,7 +142,7 @@ class UsageTally:
             model=self.model,
             model_label=self.model_label,
             stream=context.stream,
-            routed=bool(self.alias) and not context.path.endswith("/count_tokens"),  # a count spends nothing
+            routed=bool(self.alias) and not context.count,  # a count spends nothing (whichever route asked)
             outcome=outcome,
             status=self.status,
             usage=usage,

@@ -18,10 +18,12 @@ import msgspec
 from gateway.wire.errors import InvalidRequest, RequestTooLarge
 
 __all__ = [
+    "BETA_NAME",
     "NEVER_FORWARDED",
     "CountTokensHead",
     "MessagesHead",
     "ProxyRequest",
+    "check_betas",
     "check_duplicates",
     "check_max_tokens",
     "check_model_name",
@@ -261,6 +263,25 @@ def check_model_name(model: str) -> None:
         raise InvalidRequest(f"model: longer than {MAX_MODEL_NAME} characters")
     if _CONTROL.search(model) is not None:
         raise InvalidRequest("model: holds control characters")
+
+
+BETA_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # a beta's name: a token (every Anthropic beta is one)
+MAX_BETAS = 64
+
+
+def check_betas(value: str | None) -> None:
+    """``InvalidRequest`` (400) unless ``value`` (an ``anthropic-beta`` header, or a Bedrock body's list joined)
+    is comma-separated beta names, each ``[A-Za-z0-9._:-]{1,128}`` (spaces around the commas allowed). Nothing
+    else may reach an upstream header: a JSON string can hold CR, LF or a character latin-1 cannot encode."""
+    if not value:
+        return
+    names = [name.strip(" \t") for name in value.split(",")]
+    if len(names) > MAX_BETAS:
+        raise InvalidRequest(f"anthropic-beta: more than {MAX_BETAS} beta names")
+    for name in names:
+        if name and BETA_NAME.fullmatch(name) is None:
+            shown = name if len(name) <= 40 else name[:40] + "…"
+            raise InvalidRequest(f"anthropic-beta: {shown!r} is not a beta name (letters, digits, '.', '_', ':', '-')")
 
 
 def check_max_tokens(requested: int, ceiling: int | None, model: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
@@ -266,3 +267,34 @@ def test_the_models_list_carries_what_claude_codes_discovery_reads(gw: RunningGa
             "created_at": "2025-01-01T00:00:00Z",
         }
     ]
+
+
+def test_a_surfaces_token_count_spends_nothing(fake_claude: FakeClaudeAPI, tmp_path: Any) -> None:
+    """Bedrock's ``/count-tokens`` and Vertex's ``count-tokens:rawPredict`` are token counts as Messages'
+    ``/count_tokens`` is: no ledger row, nothing spent (they had rows, by the path's spelling)."""
+    config = f"""
+auth: {{keys: [sk-dev]}}
+store: {{url: "sqlite:///{tmp_path}/ledger.db", flush_interval_s: 0.05}}
+providers:
+  claude: {{kind: anthropic, api_key: provider-key, base_url: "{fake_claude.base_url}"}}
+models:
+  "fake-*": {{targets: [{{provider: claude}}]}}
+"""
+    inner = json.dumps({"messages": KW["messages"], "max_tokens": 10})
+    with run_gateway(config) as gw:
+        bedrock = httpx.post(
+            f"{gw.url}/model/fake-text/count-tokens", json={"input": {"invokeModel": {"body": inner}}}, headers=AUTH
+        )
+        assert bedrock.status_code == 200 and bedrock.json()["inputTokens"] > 0
+        vertex = httpx.post(
+            f"{gw.url}{VERTEX}/count-tokens:rawPredict", json={"model": "fake-text", **KW}, headers=AUTH
+        )
+        assert vertex.status_code == 200 and vertex.json()["input_tokens"] > 0
+        first = httpx.post(f"{gw.url}/v1/messages/count_tokens", json={"model": "fake-text", **KW}, headers=AUTH)
+        assert first.status_code == 200
+        message = httpx.post(f"{gw.url}/v1/messages", json={"model": "fake-text", **KW}, headers=AUTH)
+        assert message.status_code == 200
+    with sqlite3.connect(tmp_path / "ledger.db") as db:  # the gateway has stopped: every row is flushed
+        rows = db.execute("SELECT stream, input_tokens, output_tokens FROM requests").fetchall()
+    usage = message.json()["usage"]
+    assert rows == [(0, usage["input_tokens"], usage["output_tokens"])]  # the message, and only it
