@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import ssl
 import zlib
 from collections import deque
@@ -23,7 +24,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from gateway.wire.errors import UpstreamConnectionError, UpstreamTimeout
+from gateway.wire.errors import GatewayError, UpstreamConnectionError, UpstreamTimeout
 
 if TYPE_CHECKING:  # imported when their client is made: the default (h1) needs neither (~20 MB each)
     import aiohttp
@@ -40,7 +41,9 @@ __all__ = [
     "HttpxClient",
     "StreamInterrupted",
     "Timeouts",
+    "UnsafeHeader",
     "UpstreamResponse",
+    "check_headers",
     "make_client",
 ]
 
@@ -54,6 +57,59 @@ MAX_ERROR_BYTES = 1024 * 1024
 
 class BodyTooLarge(Exception):
     """A provider's body passed the limit ``read`` was given."""
+
+
+class UnsafeHeader(GatewayError):
+    """A header the gateway was about to send upstream is not one header line: its name is not an HTTP token, or
+    its value holds CR, LF, NUL (or another control character but HTAB) or a character outside latin-1. Raised by
+    every client behind the seam before a byte is sent (a request smuggled into the provider's connection would
+    carry its key); the client gets 500 ``api_error`` (the gateway's own fault: the edge lets no such value
+    through), never retried, never counted against the target's breaker."""
+
+    status_code = 500
+    error_type = "api_error"
+
+
+# RFC 9110 §5.1 and §5.5: a field name is a token; a field value is VCHAR, obs-text (latin-1), SP and HTAB.
+_TOKEN = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_FIELD_VALUE = r"[\t\x20-\x7e\x80-\xff]*"
+_NAME_RE = re.compile(_TOKEN)
+_VALUE_RE = re.compile(_FIELD_VALUE)
+_CONTROLS = bytes([*range(0x09), *range(0x0A, 0x20), 0x7F])
+"""The bytes no header line holds: every control character but HTAB (CR, LF and NUL among them)."""
+_SAFE_NAMES: set[str] = set()
+"""Header names already seen to be tokens (a small vocabulary: the adapters' own and ``forward_headers``)."""
+_MAX_SAFE_NAMES = 1024
+
+
+def _unsafe(name: str) -> UnsafeHeader:
+    """The error for a header ``name`` (or its value) that cannot be sent; the value is never repeated."""
+    if _NAME_RE.fullmatch(name) is None:
+        log.warning("refused to send an upstream header whose name is not an HTTP token")
+        return UnsafeHeader("the gateway refused to send an upstream header whose name is not an HTTP token")
+    log.warning("refused to send upstream header %s: its value is not one latin-1 line", name)
+    return UnsafeHeader(
+        f"the gateway refused to send upstream header {name!r}: its value holds a line break, a control character "
+        "or a character outside latin-1"
+    )
+
+
+def _safe_name(name: str) -> bool:
+    if name in _SAFE_NAMES:
+        return True
+    if _NAME_RE.fullmatch(name) is None:
+        return False
+    if len(_SAFE_NAMES) < _MAX_SAFE_NAMES:
+        _SAFE_NAMES.add(name)
+    return True
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    """``UnsafeHeader`` unless every header is one line a server reads back as the same name and value; the check
+    of the aiohttp and httpx clients (``_request_head`` makes the same one over the whole head at once)."""
+    for name, value in headers.items():
+        if not _safe_name(name) or _VALUE_RE.fullmatch(value) is None:
+            raise _unsafe(name)
 
 
 log = logging.getLogger("gateway")
@@ -193,6 +249,7 @@ class AiohttpClient:
     ) -> UpstreamResponse:
         import aiohttp
 
+        check_headers(headers)  # aiohttp refuses CR and LF only, with a ValueError (a traceback)
         timeout = timeouts.aiohttp
         if timeout is None:
             timeout = timeouts.aiohttp = aiohttp.ClientTimeout(
@@ -287,6 +344,7 @@ class HttpxClient:
     ) -> UpstreamResponse:
         import httpx
 
+        check_headers(headers)  # h11 refuses them too, but as a transport error (a 502, retried)
         timeout = httpx.Timeout(timeouts.read, connect=timeouts.connect)
         request = self._client.build_request(method, url, headers=dict(headers), content=body, timeout=timeout)
         try:
@@ -351,6 +409,7 @@ class _Conn(asyncio.Protocol):
         self.key = key
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.idle = True  # no request of ours is waiting for an answer: any byte that comes is nobody's
         self.read_timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._last_read = 0.0  # when the read timer runs: the loop time of the last read
@@ -375,6 +434,10 @@ class _Conn(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # a TCP transport (uvloop's is no asyncio.Transport)
 
     def data_received(self, data: bytes) -> None:
+        if self.idle:  # an answer nobody asked for (an unsolicited response, a 408 before a close): never read
+            self.reusable = False
+            self.close()
+            return
         if self._timer is not None:  # the silence counts from here (the timer re-arms itself for the rest)
             self._last_read = self.loop.time()
         try:
@@ -382,7 +445,11 @@ class _Conn(asyncio.Protocol):
         except httptools.HttpParserUpgrade:  # pragma: no cover - providers do not upgrade
             self._fail(ConnectionError("unexpected protocol upgrade"))
         except httptools.HttpParserError as exc:
-            self._fail(ConnectionError(f"malformed HTTP response: {exc}"))
+            if self.complete:  # bytes past the response's end (``on_message_begin``): its body is whole
+                self.reusable = False
+                self.close()
+            else:
+                self._fail(ConnectionError(f"malformed HTTP response: {exc}"))
 
     def _ended_by_close(self) -> bool:
         """A body with neither a length nor chunks ends with the connection (HTTP/1.1 §6.3)."""
@@ -414,6 +481,10 @@ class _Conn(asyncio.Protocol):
         self._fail(exc or ConnectionError("the connection closed before the response was complete"))
 
     # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second message after the one asked for (in the same read or later): stop parsing
+            raise ConnectionError("bytes after the end of the response")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
@@ -592,6 +663,7 @@ class H1Client:
             conn.close()
             return
         conn._reset()
+        conn.idle = True
         idle.append(conn)
 
     async def _connect(self, key: tuple[str, str, int], seconds: float) -> _Conn:
@@ -638,6 +710,7 @@ class H1Client:
                 if conn is None:
                     conn = await self._connect(key, timeouts.connect)
                 assert conn.transport is not None
+                conn.idle = False
                 conn.start_timer(timeouts.read)
                 conn.transport.write(head + body if body else head)
                 await conn.head
@@ -667,9 +740,15 @@ class H1Client:
 
 
 def _request_head(method: str, target: str, host: str, headers: Mapping[str, str], body: bytes | None) -> bytes:
+    """The request head, or ``UnsafeHeader`` when a header would not be one line of ``token: value`` in latin-1
+    without control characters (``check_headers``' rule): names are looked up among those seen before, values are
+    checked all at once, by one ``bytes.translate`` over the encoded head."""
     lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
     seen = set()
+    safe = _SAFE_NAMES
     for name, value in headers.items():
+        if name not in safe and not _safe_name(name):  # a set lookup for the names seen before
+            raise _unsafe(name)
         low = name.lower()
         if low in ("host", "content-length", "transfer-encoding", "connection"):
             continue
@@ -680,7 +759,23 @@ def _request_head(method: str, target: str, host: str, headers: Mapping[str, str
     if "accept" not in seen:
         lines.append("Accept: */*")
     lines.append(f"Content-Length: {len(body) if body else 0}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    try:
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    except UnicodeEncodeError:
+        raise _refusal(headers) from None
+    # one C pass: the only control bytes are the CRLF ending each line (and the head), so no value holds a line
+    if len(head.translate(None, _CONTROLS)) != len(head) - 2 * (len(lines) + 1):
+        raise _refusal(headers)
+    return head
+
+
+def _refusal(headers: Mapping[str, str]) -> UnsafeHeader:
+    """The error of a head ``_request_head`` refused, naming the header at fault (the slow path)."""
+    try:
+        check_headers(headers)
+    except UnsafeHeader as exc:
+        return exc
+    return UnsafeHeader("the gateway refused to send an upstream request line or Host that is not one line")
 
 
 DEFAULT_CLIENT = "h1"

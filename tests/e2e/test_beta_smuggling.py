@@ -208,6 +208,33 @@ def test_the_messages_edge_answers_a_bad_beta_in_the_envelope(upstream: RawUpstr
     assert "anthropic-beta" in error["error"]["message"]
 
 
+# --- the seam: what the edge cannot see (a provider's own header from the configuration) is never sent -------
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_provider_header_that_is_no_one_line_is_a_500_never_sent_never_retried(
+    upstream: RawUpstream, client: str, stream: bool
+) -> None:
+    """A provider key pasted with its line break (``api_key: "${KEY}"`` from a file ending in CRLF, or worse):
+    the client gets 500 ``api_error`` in the envelope naming the header, not its value; nothing reaches the
+    provider; a second request is the same 500, not a 503 of a breaker the gateway's own refusal opened."""
+    cfg = config(upstream.port).replace("api_key: provider-secret-key", 'api_key: "provider-secret-key\\r\\nX-Evil: 1"')
+    with run_gateway(cfg, upstream_client=client) as gw:
+        for _ in range(6):
+            resp = httpx.post(
+                f"{gw.url}/v1/messages",
+                json={"model": "claude-sonnet-4-6", "stream": stream, "max_tokens": 10, "messages": BODY["messages"]},
+                headers={"x-api-key": "client-key"},
+                timeout=10,
+            )
+            assert resp.status_code == 500, resp.text
+            error = resp.json()
+            assert error["type"] == "error" and error["error"]["type"] == "api_error"
+            assert "x-api-key" in error["error"]["message"] and "provider-secret-key" not in resp.text
+    assert upstream.raw == b""
+
+
 # --- the beta policy: a client's body field never reaches Bedrock -------------------------------------------
 
 
