@@ -53,6 +53,7 @@ def _ledger(settings: StoreSettings, metrics: Metrics) -> Ledger | None:
         metrics,
         flush_interval_s=settings.flush_interval_s,
         max_queue=settings.max_queue_rows,
+        max_queue_bytes=settings.max_queue_bytes,
         retention_days=settings.retention_days,
     )
 

@@ -436,6 +436,7 @@ class StoreSettings(_Strict, frozen=True, kw_only=True):
     retention_days: Annotated[int, msgspec.Meta(ge=1)] = 400
     flush_interval_s: PositiveFloat = 1.0
     max_queue_rows: Annotated[int, msgspec.Meta(ge=1)] = 100_000
+    max_queue_bytes: Annotated[int, msgspec.Meta(ge=1)] = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.url is not None and not self.url.startswith(

@@ -2,11 +2,12 @@
 
 ``add`` never blocks and never awaits: the row joins a bounded queue. A background task (``run``) writes the
 queue at least every ``flush_interval_s`` (sooner when a batch is full). When the store is slow or down the
-rows stay queued and the write is retried with exponential back-off; only when the queue is full is a row
-dropped — counted (``gateway_ledger_rows_total{result="dropped"}``) and logged, never silently. The store's
-writes are idempotent by request id, so a batch retried after a write that in fact committed stores nothing
-twice. ``aclose`` flushes what is queued (within the drain's time) before the store is closed; a ``kill -9``
-loses at most what was queued since the last flush.
+rows stay queued and the write is retried with exponential back-off; only when the queue is full (by rows, or
+by the bytes its rows hold: ``store.max_queue_bytes``, 64 MiB by default) is a row dropped — counted
+(``gateway_ledger_rows_total{result="dropped"}``) and logged, never silently. The store's writes are idempotent
+by request id, so a batch retried after a write that in fact committed stores nothing twice. ``aclose`` flushes
+what is queued (within the drain's time) before the store is closed; a ``kill -9`` loses at most what was queued
+since the last flush.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Protocol
+
+import msgspec
 
 from gateway.governance.store import LedgerRow, Store, StoreError
 
@@ -46,6 +49,7 @@ class Ledger:
         *,
         flush_interval_s: float = 1.0,
         max_queue: int = 100_000,
+        max_queue_bytes: int = 64 * 1024 * 1024,
         batch_rows: int = 1000,
         retention_days: int = 400,
         clock: Callable[[], float] = time.time,
@@ -55,6 +59,8 @@ class Ledger:
         self._counters = counters
         self._interval = flush_interval_s
         self._max = max_queue
+        self._max_bytes = max_queue_bytes
+        self._bytes = 0  # what the queued rows hold, by ``row_bytes``
         self._batch = batch_rows
         self._retention_ms = retention_days * _DAY_MS
         self._clock = clock
@@ -71,12 +77,19 @@ class Ledger:
     def depth(self) -> int:
         return len(self._queue)
 
+    @property
+    def queued_bytes(self) -> int:
+        return self._bytes
+
     def add(self, row: LedgerRow) -> None:
-        """Queue a row (from the request path: no I/O, no await)."""
-        if len(self._queue) >= self._max:
+        """Queue a row (from the request path: no I/O, no await); dropped, counted, when the queue holds
+        ``max_queue`` rows or the row would take it past ``max_queue_bytes``."""
+        size = row_bytes(row)
+        if len(self._queue) >= self._max or self._bytes + size > self._max_bytes:
             self._counters.ledger_rows("dropped", 1)
             self._dropped_unlogged += 1
             return
+        self._bytes += size
         self._queue.append(row)
         self._counters.ledger_queue(len(self._queue))
         if len(self._queue) >= self._batch and self._wake is not None:
@@ -112,7 +125,7 @@ class Ledger:
                     )
                     return False
                 for _ in batch:
-                    self._queue.popleft()
+                    self._bytes -= row_bytes(self._queue.popleft())
                 self.failures = 0
                 self._counters.ledger_rows("written", len(batch))
                 self._counters.ledger_queue(len(self._queue))
@@ -136,9 +149,10 @@ class Ledger:
     def _log_dropped(self) -> None:
         if self._dropped_unlogged:
             log.error(
-                "usage ledger: %d rows dropped: the queue is full (%d rows) and the store is not keeping up",
+                "usage ledger: %d rows dropped: the queue is full (%d rows or %d MiB) and the store is not keeping up",
                 self._dropped_unlogged,
                 self._max,
+                self._max_bytes // (1024 * 1024),
             )
             self._dropped_unlogged = 0
 
@@ -184,9 +198,21 @@ class Ledger:
             self._counters.ledger_rows("dropped", len(self._queue))
             self._dropped_unlogged += len(self._queue)
             self._queue.clear()
+            self._bytes = 0
             self._log_dropped()
         if self._opened:
             await self.store.aclose()
+
+
+_ROW_OVERHEAD = 600
+"""What a queued ``LedgerRow`` holds besides its strings' characters (the Struct, its ints and floats, one str
+object per field, the deque's slot): 575 bytes measured with ``tracemalloc`` (CPython 3.11, 5000 rows)."""
+_STR_FIELDS = tuple(f.name for f in msgspec.structs.fields(LedgerRow) if f.type is str)
+
+
+def row_bytes(row: LedgerRow) -> int:
+    """The memory a queued row holds, near enough to bound the queue by (ASCII strings: a byte a character)."""
+    return _ROW_OVERHEAD + sum(len(getattr(row, name)) for name in _STR_FIELDS)
 
 
 def _safe(url: str) -> str:

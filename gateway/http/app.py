@@ -30,6 +30,7 @@ from gateway.observability.usage import Outcome, access_line, access_log
 from gateway.routing.resilience import Resilience
 from gateway.settings import Settings
 from gateway.wire.errors import GatewayError, new_request_id
+from gateway.wire.request import client_id
 from gateway.wire.upstream import DEFAULT_CLIENT, make_client
 
 __all__ = ["Gateway", "GatewayApp", "create_app"]
@@ -107,8 +108,8 @@ class GatewayApp:
                         status=reply.status,
                         outcome=outcome or _outcome_of_status(reply.status),
                         duration=time.monotonic() - started,
-                        session_id=headers.get(b"x-claude-code-session-id", b"").decode("latin-1"),
-                        agent_id=headers.get(b"x-claude-code-agent-id", b"").decode("latin-1"),
+                        session_id=client_id(headers.get(b"x-claude-code-session-id", b"").decode("latin-1")) or "",
+                        agent_id=client_id(headers.get(b"x-claude-code-agent-id", b"").decode("latin-1")) or "",
                     ),
                 )
 

@@ -27,6 +27,7 @@ from gateway.wire.request import (
     check_betas,
     check_max_tokens,
     check_model_name,
+    client_id,
     parse_count_tokens,
     parse_messages,
     proxy_request,
@@ -169,11 +170,20 @@ def _tally(gw: Gateway, runtime: Runtime, scope: Scope, headers: Mapping[str, st
         request_id=new_request_id(),
         method=scope["method"],
         path=scope["path"],
-        session_id=headers.get("x-claude-code-session-id", ""),
-        agent_id=headers.get("x-claude-code-agent-id", ""),
+        session_id=_client_id(gw, headers, "x-claude-code-session-id"),
+        agent_id=_client_id(gw, headers, "x-claude-code-agent-id"),
         runtime=runtime,
     )
     return UsageTally(gw.metrics, alias="", context=context, recorder=gw.recorder)
+
+
+def _client_id(gw: Gateway, headers: Mapping[str, str], name: str) -> str:
+    """A session or agent id as the ledger keeps it; a value that is no id is dropped and counted."""
+    value = client_id(headers.get(name, ""))
+    if value is None:
+        gw.metrics.client_ids_dropped.labels(name).inc()
+        return ""
+    return value
 
 
 async def messages_endpoint(

@@ -103,7 +103,7 @@ class Metrics:
         self.ledger_rows_total = Counter(
             "gateway_ledger_rows",
             "Usage ledger rows by what became of them: written to the store, retried after a failed write "
-            "(counted per attempt), dropped (the queue was full, or still held rows at shutdown).",
+            "(counted per attempt), dropped (the queue was full by rows or bytes, or still held rows at shutdown).",
             ["result"],
             registry=r,
         )
@@ -112,6 +112,13 @@ class Metrics:
             "Usage ledger rows waiting to be written.",
             registry=r,
             multiprocess_mode="livesum",
+        )
+        self.client_ids_dropped = Counter(
+            "gateway_client_ids_dropped",
+            "x-claude-code-session-id and x-claude-code-agent-id values dropped at the edge (not 1-128 printable "
+            "ASCII characters): the request is served without them.",
+            ["header"],
+            registry=r,
         )
         self.limited = Counter(
             "gateway_limited",

@@ -134,7 +134,7 @@ class Finished(msgspec.Struct, kw_only=True):
     model: str  # the upstream model id asked for (pricing, the access line, the ledger)
     model_label: str  # the configured target model, the metrics' label ("" when the client's name is forwarded)
     stream: bool
-    routed: bool  # a Messages request that reached routing (it has a ledger row; token counts have none)
+    routed: bool  # a Messages request that reached routing (token counts did not: they have no ledger row)
     outcome: str
     status: int
     usage: Usage
@@ -341,13 +341,16 @@ def ledger_row(f: Finished) -> LedgerRow:
 
 
 class LedgerSink:
-    """A row for every request that reached routing, whatever its outcome."""
+    """A row for every request sent to a provider (at least one attempt), whatever its outcome. A request the
+    gateway refused itself — a model the key may not use (403), a rate limit or budget (429), a body it could not
+    read (400) — has no row: it spent nothing, and a refused key could otherwise write hundreds of rows a second;
+    it is in ``gateway_requests_total`` and on the access line. Token counts have none either."""
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
 
     def record(self, finished: Finished) -> None:
-        if finished.routed:
+        if finished.routed and finished.attempts:
             self.ledger.add(ledger_row(finished))
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "check_duplicates",
     "check_max_tokens",
     "check_model_name",
+    "client_id",
     "duplicate_key_py",
     "forwarded_headers",
     "parse_count_tokens",
@@ -267,6 +268,18 @@ def check_model_name(model: str) -> None:
 
 BETA_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")  # a beta's name: a token (every Anthropic beta is one)
 MAX_BETAS = 64
+
+
+_CLIENT_ID = re.compile(r"[\x20-\x7e]{1,128}")
+
+
+def client_id(value: str) -> str | None:
+    """An ``x-claude-code-session-id`` / ``x-claude-code-agent-id`` value as the ledger and the access line keep
+    it: 1-128 printable ASCII characters (Claude Code sends a UUID), or None (the header is dropped, not refused:
+    a client never breaks on it) — "" when there is none."""
+    if not value or _CLIENT_ID.fullmatch(value) is not None:
+        return value
+    return None
 
 
 def check_betas(value: str | None) -> None:

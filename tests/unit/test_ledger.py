@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from gateway.governance.ledger import Ledger
+from gateway.governance.ledger import Ledger, row_bytes
 from gateway.governance.store import LedgerRow, MemoryStore
 from gateway.observability.metrics import Metrics
 
@@ -77,6 +77,29 @@ def test_a_full_queue_drops_and_says_so(caplog: pytest.LogCaptureFixture) -> Non
     assert sorted(store.rows) == ["req_0", "req_1", "req_2"]
 
 
+def test_the_queue_is_bounded_by_the_bytes_its_rows_hold() -> None:
+    """Rows of 30 KB session ids (what the edge now drops) or many small ones: the byte bound holds either way,
+    and a row's bytes are given back when it is written."""
+    store, counted = MemoryStore(), Counted()
+    ledger = Ledger(store, counted, max_queue_bytes=100_000)
+    now = int(time.time() * 1000)
+    big = [LedgerRow(started_ms=now, request_id=f"big_{i}", session_id="x" * 30_000) for i in range(5)]
+    for row in big:
+        ledger.add(row)
+    assert ledger.depth == 3 and counted.rows == {"dropped": 2}
+    assert ledger.queued_bytes == sum(row_bytes(r) for r in big[:3]) <= 100_000
+    store.fail = ConnectionError("down")
+    small = rows(200)
+    for row in small:
+        ledger.add(row)
+    assert ledger.queued_bytes <= 100_000 and counted.rows["dropped"] == 2 + 200 - (ledger.depth - 3)
+    store.fail = None
+    assert asyncio.run(ledger.flush())
+    assert ledger.queued_bytes == 0 and ledger.depth == 0
+    assert len(store.rows) + counted.rows["dropped"] == 205
+    assert 600 < row_bytes(small[0]) < 700  # the overhead measured with tracemalloc, plus "req_0"
+
+
 def test_aclose_flushes_what_is_queued_and_counts_what_it_cannot() -> None:
     store, counted = MemoryStore(), Counted()
     ledger = Ledger(store, counted)
@@ -135,3 +158,44 @@ def test_the_background_writer_prunes_past_the_retention() -> None:
 
     asyncio.run(go())
     assert list(store.rows) == ["req_0"]
+
+
+@pytest.mark.parametrize("session_id", ["0b9c5d1e-7f3a-4c2b-9e8d-1a2b3c4d5e6f", "x" * 30_000])
+def test_row_bytes_is_near_what_tracemalloc_measures(session_id: str) -> None:
+    import tracemalloc
+    from collections import deque
+
+    def row(i: int) -> LedgerRow:
+        return LedgerRow(
+            started_ms=1_700_000_000_000 + i,
+            request_id=f"req_gw_{i:024x}",
+            upstream_request_id=f"req_{i:032x}",
+            key_name="alice",
+            team="payments",
+            user="alice@example.com",
+            session_id=session_id[:-6] + f"{i:06d}",
+            agent_id=f"agent-{i}",
+            alias="claude-sonnet-4-6",
+            provider="claude",
+            model="claude-sonnet-4-6",
+            outcome="completed",
+            status=200,
+            input_tokens=1000 + i,
+            output_tokens=2000 + i,
+            cache_read_input_tokens=300_000 + i,
+            cost_usd=0.001 * i,
+            ttft_ms=1.5 * i,
+            duration_ms=2.5 * i,
+            attempts=1,
+        )
+
+    queue: deque[LedgerRow] = deque()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(2000):
+            queue.append(row(i))
+        measured = (tracemalloc.get_traced_memory()[0] - before) / len(queue)
+    finally:
+        tracemalloc.stop()
+    assert 0.8 < row_bytes(queue[0]) / measured < 1.25, (row_bytes(queue[0]), measured)
