@@ -245,6 +245,10 @@ def _check(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"messages-gateway: {exc}", file=sys.stderr)
         return 2
+    from gateway.governance.limits import unpriced_routes
+
+    for warning in unpriced_routes(settings):
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"{args.path}: OK — {len(settings.providers)} providers, {len(settings.models)} model routes")
     return 0
 

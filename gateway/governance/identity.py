@@ -77,7 +77,10 @@ def _epoch_ms(text: str) -> int:
         raise InvalidRequest("expires_at: an RFC 3339 time, e.g. 2027-01-31T00:00:00Z") from None
     if when.tzinfo is None:
         raise InvalidRequest("expires_at: give the time zone (Z for UTC)")
-    return int(when.astimezone(UTC).timestamp() * 1000)
+    try:
+        return int(when.astimezone(UTC).timestamp() * 1000)
+    except OverflowError:  # 9999-12-31T23:59:59-01:00 is in year 10000 in UTC, past what datetime holds
+        raise InvalidRequest("expires_at: a time up to 9999-12-31T23:59:59Z") from None
 
 
 def _client_key(record: IssuedKey, teams: Mapping[str, TeamSettings]) -> ClientKey:

@@ -43,13 +43,15 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.settings import LimitSettings, Settings
-from gateway.wire.errors import GatewayError
+from gateway.settings import ApiKey, LimitSettings, Settings
+from gateway.wire.errors import GatewayError, InvalidRequest
 
 if TYPE_CHECKING:
     from gateway.governance.keys import ClientKey
+    from gateway.routing.table import Route
 
 __all__ = [
     "BudgetExceeded",
@@ -60,6 +62,8 @@ __all__ = [
     "MemoryCounters",
     "RateLimited",
     "RedisCounters",
+    "check_priced",
+    "unpriced_routes",
 ]
 
 log = logging.getLogger("gateway")
@@ -359,6 +363,11 @@ class Limiter:
                 out.append((f"team:{key.team}", team.limits))
         return out
 
+    @classmethod
+    def budgeted(cls, settings: Settings, key: ClientKey | None) -> bool:
+        """Whether a budget applies to the key's requests (its own or its default, or its team's)."""
+        return any(limits.budget is not None for _, limits in cls.rules(settings, key))
+
     def _plan(
         self, rules: list[Rule], now: float
     ) -> tuple[list[Check], list[tuple[str, str, float]], list[Add], list[Usage]]:
@@ -546,3 +555,48 @@ async def _awaited(sent: Awaitable[None]) -> None:
 def _who(scope: str) -> str:
     kind, _, name = scope.partition(":")
     return f"{kind} {name!r}" if name else "this gateway's default"
+
+
+def check_priced(route: Route, model: str, price_of: Callable[[str], object | None]) -> None:
+    """``InvalidRequest`` (400) naming the model when a target of ``route`` would be asked for a model without a
+    price: a budget-limited request must be one whose cost can be counted (a glob route forwards any name, and an
+    unpriced model costs 0 — five requests under a $0.0001 budget were all served)."""
+    for target in route.targets:
+        upstream = target.upstream_model(model)
+        if price_of(upstream) is None:
+            raise InvalidRequest(
+                f"model {upstream!r} has no price in the gateway's `pricing`, and this key has a budget: a budget "
+                "can only hold spending the gateway can count (ask the operator to price the model)"
+            )
+
+
+def unpriced_routes(settings: Settings) -> list[str]:
+    """``check-config``'s warnings: the routes a budget-limited key may be refused on because a target's model
+    has no price (a glob route passing the client's names through, unless a price matches every name)."""
+    budgets = (
+        (settings.limits is not None and settings.limits.budget is not None)
+        or any(t.limits is not None and t.limits.budget is not None for t in settings.teams.values())
+        or any(
+            isinstance(k, ApiKey) and k.limits is not None and k.limits.budget is not None for k in settings.auth.keys
+        )
+        or bool(settings.admin.keys)  # keys issued at run time may carry budgets
+    )
+    if not budgets:
+        return []
+
+    def priced(model: str) -> bool:
+        return any(fnmatchcase(model, pattern) for pattern in settings.pricing)
+
+    out = []
+    for alias, route in settings.models.items():
+        for target in route.targets:
+            if target.model is not None and not priced(target.model):
+                out.append(
+                    f"route {alias!r}: target model {target.model!r} has no price: a key with a budget is refused it"
+                )
+            elif target.model is None and not priced(alias):  # a glob alias, as a name: a pattern at least as wide
+                out.append(
+                    f"route {alias!r} passes the client's model names through and no price matches all of them: a key "
+                    "with a budget is refused the names `pricing` does not match"
+                )
+    return out

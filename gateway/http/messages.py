@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import JsonReply
 from gateway.context import DRAIN_CANCEL, Reply, RequestContext
 from gateway.governance.keys import authorize
+from gateway.governance.limits import check_priced
 from gateway.http.server import BODY_RECEIVED, DISCONNECT_HOOK, DisconnectHook
 from gateway.observability.usage import Outcome, UsageTally
 from gateway.routing import pipeline
@@ -36,6 +37,7 @@ from gateway.wire.request import (
 
 if TYPE_CHECKING:
     from gateway.core import Gateway
+    from gateway.routing.table import Route
     from gateway.runtime import Runtime
     from surfaces import Call
 
@@ -225,6 +227,15 @@ async def messages_endpoint(
         gw.active -= 1
 
 
+async def _admit(gw: Gateway, runtime: Runtime, context: RequestContext, route: Route, model: str) -> None:
+    """The request's lease on its limits and budgets, and their headers; a budget holds only what can be priced."""
+    key = context.key
+    if gw.limiter.budgeted(runtime.settings, key):
+        check_priced(route, model, gw.metrics.price_of)
+    context.lease, limit_headers = await gw.limiter.admit(runtime.settings, key)
+    context.response_headers.update(limit_headers)
+
+
 async def _serve(
     gw: Gateway,
     runtime: Runtime,
@@ -263,8 +274,7 @@ async def _serve(
         elif max_tokens is not None:
             check_max_tokens(max_tokens, route.max_tokens, model)
         if not count:  # a token count is never limited: it is how clients stay under a limit
-            context.lease, limit_headers = await gw.limiter.admit(runtime.settings, key)
-            context.response_headers.update(limit_headers)
+            await _admit(gw, runtime, context, route, model)
     except GatewayError as exc:
         tally.status = exc.status_code
         tally.record(Outcome.CLIENT_TIMEOUT if isinstance(exc, ClientTimeout) else Outcome.REJECTED)

@@ -90,6 +90,7 @@ def test_an_issued_key_works_at_once_carries_its_attribution_and_is_stored_as_a_
         ({"name": "a", "expires_at": "2020-01-01T00:00:00Z"}, "in the past"),
         ({"name": "a", "expires_at": "tomorrow"}, "RFC 3339"),
         ({"name": "a", "expires_at": "2099-01-01T00:00:00"}, "time zone"),
+        ({"name": "a", "expires_at": "9999-12-31T23:59:59-01:00"}, "up to 9999-12-31"),  # year 10000 in UTC
         ({"name": "a", "user": "u" * 129}, "at most 128"),
     ],
 )

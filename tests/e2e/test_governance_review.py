@@ -1,0 +1,128 @@
+"""Governance that a client with a valid key cannot step around (issue 31, item 5): a budget holds only what the
+gateway can price (an unpriced model under a budget is a 400 naming the missing price, and ``check-config`` warns
+of the routes where that can happen); an issued key's ``expires_at`` past what a date holds is a 400, not a 500."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.conftest import run_gateway
+from tests.fakes.claude_api import FakeClaudeAPI
+
+KW: dict[str, Any] = {"max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def budget_config(fake: FakeClaudeAPI, tmp_path: Path) -> str:
+    return f"""
+auth:
+  keys:
+    - {{name: capped, key: sk-capped, limits: {{budget: {{usd: 0.0001, per: day}}}}}}
+    - {{name: team-capped, key: sk-team, team: pay}}
+    - {{name: free, key: sk-free}}
+teams: {{pay: {{limits: {{budget: {{usd: 5, per: month}}}}}}}}
+admin: {{keys: [sk-admin]}}
+store: {{url: "sqlite:///{tmp_path}/ledger.db", flush_interval_s: 0.05}}
+providers:
+  claude: {{kind: anthropic, api_key: provider-key, base_url: "{fake.base_url}"}}
+models:
+  "*": {{targets: [{{provider: claude}}]}}
+pricing:
+  "fake-*": {{input: 3, output: 15}}
+"""
+
+
+def test_a_budget_limited_key_is_refused_a_model_without_a_price(fake: FakeClaudeAPI, tmp_path: Path) -> None:
+    """Five requests for an unpriced name under a $0.0001 budget were all served, costing 0."""
+    with run_gateway(budget_config(fake, tmp_path)) as gw:
+        before = len(fake.requests)
+        for key in ("sk-capped", "sk-team"):  # the key's own budget, and its team's
+            for _ in range(5):
+                resp = httpx.post(
+                    f"{gw.url}/v1/messages", json={"model": "claude-3-opus-latest", **KW}, headers={"x-api-key": key}
+                )
+                assert resp.status_code == 400, resp.text
+                error = resp.json()["error"]
+                assert error["type"] == "invalid_request_error"
+                assert "'claude-3-opus-latest' has no price" in error["message"] and "budget" in error["message"]
+        assert len(fake.requests) == before  # nothing reached the provider
+        priced = httpx.post(
+            f"{gw.url}/v1/messages", json={"model": "fake-text", **KW}, headers={"x-api-key": "sk-team"}
+        )
+        assert priced.status_code == 200
+        free = httpx.post(
+            f"{gw.url}/v1/messages", json={"model": "claude-3-opus-latest", **KW}, headers={"x-api-key": "sk-free"}
+        )
+        assert free.status_code == 200  # no budget: nothing to hold, the name is served as before
+        counted = httpx.post(  # a token count spends nothing: never limited, so never refused for a price
+            f"{gw.url}/v1/messages/count_tokens",
+            json={"model": "claude-3-opus-latest", "messages": KW["messages"]},
+            headers={"x-api-key": "sk-capped"},
+        )
+        assert counted.status_code == 200
+        issued = httpx.post(
+            f"{gw.url}/v1/gateway/keys",
+            json={"name": "dev", "limits": {"budget": {"usd": 1, "per": "day"}}},
+            headers={"x-api-key": "sk-admin"},
+        )
+        assert issued.status_code == 201, issued.text
+        resp = httpx.post(
+            f"{gw.url}/v1/messages",
+            json={"model": "claude-3-opus-latest", **KW},
+            headers={"x-api-key": issued.json()["key"]},
+        )
+        assert resp.status_code == 400 and "has no price" in resp.json()["error"]["message"]
+
+
+def check_config(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "check-config", str(path)], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_check_config_warns_of_routes_a_budget_cannot_price(tmp_path: Path) -> None:
+    routes = """
+providers:
+  claude: {kind: anthropic, api_key: provider-key}
+models:
+  "*": {targets: [{provider: claude}]}
+  "fake-*": {targets: [{provider: claude}]}
+  opus: {targets: [{provider: claude, model: claude-opus-4-1}]}
+  sonnet: {targets: [{provider: claude, model: fake-sonnet}]}
+pricing:
+  "fake-*": {input: 3, output: 15}
+"""
+    config = tmp_path / "gateway.yaml"
+    config.write_text("auth: {keys: [{name: a, key: sk-a, limits: {budget: {usd: 1, per: day}}}]}" + routes)
+    done = check_config(config)
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2, done.stderr
+    assert "route '*' passes the client's model names through" in warnings[0]
+    assert "route 'opus': target model 'claude-opus-4-1' has no price" in warnings[1]
+    config.write_text("auth: {keys: [{name: a, key: sk-a, limits: {requests_per_minute: 5}}]}" + routes)
+    quiet = check_config(config)  # no budget anywhere, no admin key to issue one: nothing to warn of
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
+
+
+def test_an_expiry_past_year_9999_is_a_400_naming_the_field(fake: FakeClaudeAPI, tmp_path: Path) -> None:
+    with run_gateway(budget_config(fake, tmp_path)) as gw:
+        for expires_at in ("9999-12-31T23:59:59-01:00", "9999-12-31T23:30:00-00:45"):
+            resp = httpx.post(
+                f"{gw.url}/v1/gateway/keys",
+                json={"name": "far", "expires_at": expires_at},
+                headers={"x-api-key": "sk-admin"},
+            )
+            assert resp.status_code == 400, resp.text
+            error = resp.json()["error"]
+            assert error["type"] == "invalid_request_error" and error["message"].startswith("expires_at:")
+        latest = httpx.post(
+            f"{gw.url}/v1/gateway/keys",
+            json={"name": "far", "expires_at": "9999-12-31T23:59:59Z"},
+            headers={"x-api-key": "sk-admin"},
+        )
+        assert latest.status_code == 201, latest.text
