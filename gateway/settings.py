@@ -40,6 +40,7 @@ __all__ = [
     "ModelRoute",
     "Price",
     "ProviderConfig",
+    "ReportSettings",
     "ResilienceSettings",
     "RetrySettings",
     "ServerSettings",
@@ -450,6 +451,18 @@ class StoreSettings(_Strict, frozen=True, kw_only=True):
         return f"sqlite:///{os.environ.get('MESSAGES_GATEWAY_DATA_DIR') or 'data'}/ledger.db"
 
 
+class ReportSettings(_Strict, frozen=True, kw_only=True):
+    """The usage and cost reports (``gateway/http/reports.py``): at most ``concurrency`` built at once in a process
+    (one more waits up to ``queue_s`` for a slot, then is a 429), at most ``per_minute`` admitted per principal (an
+    admin key, a client key) in any 60 s (a 429 with ``retry-after`` beyond it), and at most ``max_results`` results
+    a page (a page ends on the last whole bucket that fits; a single bucket holding more is a 400)."""
+
+    max_results: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+    concurrency: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
+    queue_s: NonNegativeFloat = 10.0
+    per_minute: Annotated[int, msgspec.Meta(ge=1)] = 120
+
+
 class MetricsSettings(_Strict, frozen=True, kw_only=True):
     """``labels``: also count requests, tokens and cost per client key and/or team
     (``gateway_key_requests_total``, ``gateway_key_tokens_total``, ``gateway_key_cost_usd_total``). Off by
@@ -472,6 +485,7 @@ class Settings(_Strict, frozen=True, kw_only=True):
     pricing: dict[str, Price] = {}  # upstream model id (globs allowed, first match in file order) -> price
     store: StoreSettings = StoreSettings()
     metrics: MetricsSettings = MetricsSettings()
+    reports: ReportSettings = ReportSettings()
     limits: DefaultLimits | None = None  # the default limits of every key (a key's own replace them)
     teams: dict[str, TeamSettings] = {}
 

@@ -9,6 +9,14 @@ keys issued at run time (``POST /v1/gateway/keys``), stored by their SHA-256 dig
 the name is taken), ``list_keys``, ``delete_key`` and ``keys_version`` — a number every change of the keys raises,
 in the change's own transaction, so a replica polls one integer to learn that it must read the keys again.
 
+Reads of the two kinds never queue behind each other or behind the writes (issue 31): the reports' aggregates
+(``totals``) run on connections of their own, in a pool of threads of their own, and the poll of the keys
+(``keys_version``, ``list_keys``) on one connection and thread of its own, given up after ``KEYS_TIMEOUT_S`` (the
+query interrupted, a ``StoreError``: the poller keeps the keys last read and asks again at its next poll). So a
+key revoked through one process reaches the others within the poll interval whatever reports they are building.
+The index ``requests_key_started`` (``key_name, started_ms``: schema version 3, added to an older ledger when it is
+opened) answers a client key's report, always filtered to its own key, from its own rows only.
+
 Libraries, by measurement (``bench/ledger_store.py``, 500-row batches, CPU of the gateway process per row):
 stdlib ``sqlite3`` in a worker thread 3.3 µs (aiosqlite, the same thread underneath, 3.0 µs: no reason for
 the dependency); ``asyncpg`` executemany 1.7 µs against psycopg 3's async executemany 10.7 µs. Either is far
@@ -18,9 +26,11 @@ below the issue's 50 µs per request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
@@ -29,6 +39,8 @@ import msgspec
 
 __all__ = [
     "DIMENSIONS",
+    "KEYS_TIMEOUT_S",
+    "REPORT_READERS",
     "SCHEMA_VERSION",
     "IssuedKey",
     "LedgerRow",
@@ -121,13 +133,15 @@ _SUMS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_crea
 
 class UsageQuery(msgspec.Struct, frozen=True, kw_only=True):
     """Rows with ``start_ms <= started_ms < end_ms``, in buckets of ``bucket_ms`` from ``start_ms``, summed per
-    ``group_by`` dimensions; ``filters``: dimension -> the values kept (any of them)."""
+    ``group_by`` dimensions; ``filters``: dimension -> the values kept (any of them); ``limit``: at most that many
+    totals, those of the earliest buckets (so every bucket but the last one returned is whole)."""
 
     start_ms: int
     end_ms: int
     bucket_ms: int
     group_by: tuple[str, ...] = ()
     filters: dict[str, tuple[str, ...]] = {}
+    limit: int | None = None
 
     def __post_init__(self) -> None:
         for name in (*self.group_by, *self.filters):
@@ -135,6 +149,8 @@ class UsageQuery(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValueError(f"not a ledger dimension: {name!r}")
         if self.bucket_ms <= 0 or self.end_ms < self.start_ms:
             raise ValueError("a query needs a positive bucket width and an end after its start")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError("a query's limit is at least 1")
 
 
 class Totals(msgspec.Struct, frozen=True, kw_only=True):
@@ -214,7 +230,7 @@ class MemoryStore:
             dimensions = dict(zip(query.group_by, key[1:], strict=True))
             cost = sum(costs) if costs else None
             out.append(Totals(bucket=key[0], dimensions=dimensions, requests=len(rows), cost_usd=cost, **sums))
-        return _sorted(out, query.group_by)
+        return _sorted(out, query.group_by)[: query.limit]
 
     async def prune(self, before_ms: int) -> int:
         old = [rid for rid, row in self.rows.items() if row.started_ms < before_ms]
@@ -253,7 +269,7 @@ class MemoryStore:
         return None
 
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _TABLE = """CREATE TABLE requests (
     id {serial} PRIMARY KEY,
@@ -301,6 +317,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE TABLE api_keys_version (version BIGINT NOT NULL)",
         "INSERT INTO api_keys_version (version) VALUES (0)",
     ),
+    # a client key's report is always filtered to its key: its rows, not the whole window's (issue 31)
+    3: ("CREATE INDEX IF NOT EXISTS requests_key_started ON requests (key_name, started_ms)",),
 }
 
 _KEY_INSERT = f"INSERT INTO api_keys ({', '.join(_KEY_COLUMNS)}) VALUES ({{marks}}) ON CONFLICT DO NOTHING"
@@ -336,6 +354,9 @@ def _totals_sql(query: UsageQuery, placeholder: Callable[[int], str]) -> tuple[s
     )
     group = ", ".join(["bucket", *dims])
     sql = f"SELECT {select} FROM requests WHERE {' AND '.join(where)} GROUP BY {group}"
+    if query.limit is not None:  # the earliest buckets first: all but the last one returned are whole
+        params.append(query.limit)
+        sql += f" ORDER BY bucket LIMIT {placeholder(len(params))}"
     return sql, params
 
 
@@ -357,15 +378,38 @@ def _totals_of(records: Iterable[Sequence[Any]], group_by: Sequence[str]) -> lis
     return _sorted(out, group_by)
 
 
+KEYS_TIMEOUT_S = 1.0
+"""How long a poll of the issued keys may take before it is given up (interrupted: a ``StoreError``)."""
+REPORT_READERS = 8
+"""Threads (each with its own connection) for the reports' aggregates on SQLite; the reports' own admission
+(``reports.concurrency``) bounds how many run at once."""
+
+
 class SqliteStore:
-    """An embedded SQLite file in WAL mode with a busy timeout, so several workers of one machine share it. One
-    connection, used from worker threads one call at a time (the event loop never waits on the disk)."""
+    """An embedded SQLite file in WAL mode with a busy timeout, so several workers of one machine share it.
+
+    Three paths, none waiting on another (WAL: readers never wait for the writer, nor it for them), the event
+    loop on none: the writes (the ledger's batches, pruning, issuing and revoking keys) on one connection and
+    thread; the reports' aggregates each on a connection of its own, on ``REPORT_READERS`` threads (interrupted
+    when the report is given up); the poll of the keys on one connection and thread, interrupted after
+    ``KEYS_TIMEOUT_S``. (``:memory:`` has one connection for all three: another connection is another database.)"""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.url = f"sqlite:///{path}"
         self._db: sqlite3.Connection | None = None
         self._lock = threading.Lock()
+        self._keys_db: sqlite3.Connection | None = None
+        self._keys_lock = threading.Lock()
+        self._shared = path == ":memory:"
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="ledger-sqlite-write")
+        self._poller = ThreadPoolExecutor(1, thread_name_prefix="ledger-sqlite-keys")
+        self._readers = ThreadPoolExecutor(REPORT_READERS, thread_name_prefix="ledger-sqlite-report")
+
+    def _connect(self, *, busy_ms: int = 10_000) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=busy_ms / 1000, check_same_thread=False, isolation_level=None)
+        db.execute(f"PRAGMA busy_timeout={busy_ms}")
+        return db
 
     def _call(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         with self._lock:
@@ -377,21 +421,23 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 raise StoreError(f"sqlite: {exc}") from exc
 
+    async def _write(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._writer, self._call, work)
+
     async def open(self) -> None:
         def connect() -> sqlite3.Connection:
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self.path, timeout=10.0, check_same_thread=False, isolation_level=None)
+            db = self._connect()
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("PRAGMA busy_timeout=10000")
             return db
 
         try:
-            self._db = await asyncio.to_thread(connect)
+            self._db = await asyncio.get_running_loop().run_in_executor(self._writer, connect)
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite: cannot open {self.path}: {exc}") from exc
-        await asyncio.to_thread(self._call, _sqlite_migrate)
+        await self._write(_sqlite_migrate)
 
     async def write(self, rows: Sequence[LedgerRow]) -> None:
         marks = ", ".join("?" * len(_SQL_COLUMNS))
@@ -407,18 +453,47 @@ class SqliteStore:
                 raise
             db.execute("COMMIT")
 
-        await asyncio.to_thread(self._call, work)
+        await self._write(work)
 
     async def totals(self, query: UsageQuery) -> list[Totals]:
         sql, params = _totals_sql(query, lambda n: "?")
-        records = await asyncio.to_thread(self._call, lambda db: db.execute(sql, params).fetchall())
-        return _totals_of(records, query.group_by)
+
+        def aggregate(db: sqlite3.Connection) -> list[Totals]:
+            return _totals_of(db.execute(sql, params).fetchall(), query.group_by)  # built here, off the loop
+
+        if self._shared:
+            result: list[Totals] = await self._write(aggregate)
+            return result
+        if self._db is None:
+            raise StoreError("the store is closed")
+        reading: list[sqlite3.Connection] = []
+
+        def read() -> list[Totals]:
+            try:
+                db = self._connect()
+                reading.append(db)
+                try:
+                    db.execute("PRAGMA query_only=1")
+                    return aggregate(db)
+                finally:
+                    db.close()
+            except sqlite3.Error as exc:
+                raise StoreError(f"sqlite: {exc}") from exc
+
+        try:
+            totals: list[Totals] = await asyncio.get_running_loop().run_in_executor(self._readers, read)
+        except asyncio.CancelledError:  # the report was given up: so is its query
+            for db in reading:
+                with contextlib.suppress(sqlite3.Error):  # closed already: it had finished
+                    db.interrupt()
+            raise
+        return totals
 
     async def prune(self, before_ms: int) -> int:
         def work(db: sqlite3.Connection) -> int:
             return db.execute("DELETE FROM requests WHERE started_ms < ?", (before_ms,)).rowcount
 
-        pruned: int = await asyncio.to_thread(self._call, work)
+        pruned: int = await self._write(work)
         return pruned
 
     def _changed(self, sql: str, params: tuple[Any, ...]) -> bool:
@@ -439,29 +514,60 @@ class SqliteStore:
 
     async def add_key(self, key: IssuedKey) -> bool:
         sql = _KEY_INSERT.format(marks=", ".join("?" * len(_KEY_COLUMNS)))
-        return await asyncio.to_thread(self._changed, sql, _key_values(key))
-
-    async def list_keys(self) -> list[IssuedKey]:
-        records = await asyncio.to_thread(self._call, lambda db: db.execute(_KEY_SELECT).fetchall())
-        return [_issued(r) for r in records]
+        return await asyncio.get_running_loop().run_in_executor(self._writer, self._changed, sql, _key_values(key))
 
     async def delete_key(self, name: str) -> bool:
-        return await asyncio.to_thread(self._changed, "DELETE FROM api_keys WHERE name = ?", (name,))
+        sql = "DELETE FROM api_keys WHERE name = ?"
+        return await asyncio.get_running_loop().run_in_executor(self._writer, self._changed, sql, (name,))
+
+    def _keys_call(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        with self._keys_lock:
+            if self._db is None:
+                raise StoreError("the store is closed")
+            try:
+                if self._keys_db is None:  # opened on first use, on this thread
+                    self._keys_db = self._connect(busy_ms=int(KEYS_TIMEOUT_S * 1000))
+                    self._keys_db.execute("PRAGMA query_only=1")
+                return work(self._keys_db)
+            except sqlite3.Error as exc:
+                raise StoreError(f"sqlite: {exc}") from exc
+
+    async def _poll(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        """``work`` on the keys' own connection, given up (the query interrupted) after ``KEYS_TIMEOUT_S``."""
+        if self._shared:
+            return await self._write(work)
+        future = asyncio.get_running_loop().run_in_executor(self._poller, self._keys_call, work)
+        try:
+            return await asyncio.wait_for(future, KEYS_TIMEOUT_S)
+        except TimeoutError:
+            db = self._keys_db
+            if db is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    db.interrupt()
+            raise StoreError(f"sqlite: the issued keys were not read within {KEYS_TIMEOUT_S:g} s") from None
+
+    async def list_keys(self) -> list[IssuedKey]:
+        records = await self._poll(lambda db: db.execute(_KEY_SELECT).fetchall())
+        return [_issued(r) for r in records]
 
     async def keys_version(self) -> int:
-        record = await asyncio.to_thread(
-            self._call, lambda db: db.execute("SELECT version FROM api_keys_version").fetchone()
-        )
+        record = await self._poll(lambda db: db.execute("SELECT version FROM api_keys_version").fetchone())
         return int(record[0])
 
     async def aclose(self) -> None:
         def close() -> None:
+            with self._keys_lock:
+                if self._keys_db is not None:
+                    self._keys_db.close()
+                    self._keys_db = None
             with self._lock:
                 if self._db is not None:
                     self._db.close()
                     self._db = None
 
-        await asyncio.to_thread(close)
+        await asyncio.get_running_loop().run_in_executor(self._writer, close)
+        for pool in (self._writer, self._poller, self._readers):
+            pool.shutdown(wait=False)
 
 
 def _sqlite_migrate(db: sqlite3.Connection) -> None:
@@ -491,11 +597,15 @@ _MIGRATION_LOCK = 0x6D67_6C65  # pg_advisory_xact_lock key: one replica migrates
 
 
 class PostgresStore:
-    """PostgreSQL through asyncpg's pool: many replicas write to one database."""
+    """PostgreSQL through asyncpg: many replicas write to one database. Three pools, so that neither reads nor
+    writes wait for a free connection behind the other kind: the writes (and the migration); the reports'
+    aggregates; the poll of the keys (one connection, each call given up after ``KEYS_TIMEOUT_S``)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self._pool: Any = None
+        self._reads: Any = None
+        self._keys: Any = None
 
     async def open(self) -> None:
         import asyncpg
@@ -511,16 +621,20 @@ class PostgresStore:
                     for statement in _MIGRATIONS[version]:
                         await conn.execute(statement.format(serial="BIGSERIAL"))
                     await conn.execute("INSERT INTO schema_version (version) VALUES ($1)", version)
+            self._reads = await asyncpg.create_pool(self.url, min_size=0, max_size=4, command_timeout=120)
+            self._keys = await asyncpg.create_pool(self.url, min_size=1, max_size=1, command_timeout=KEYS_TIMEOUT_S)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await self.aclose()
             raise StoreError(f"postgresql: {type(exc).__name__}: {exc}") from exc
 
-    async def _run(self, work: Callable[[Any], Any]) -> Any:
+    async def _run(self, work: Callable[[Any], Any], pool: Any = None, give_up_s: float | None = None) -> Any:
         import asyncpg
 
-        if self._pool is None:
+        pool = self._pool if pool is None else pool
+        if pool is None:
             raise StoreError("the store is closed")
         try:
-            async with self._pool.acquire() as conn:
+            async with asyncio.timeout(give_up_s), pool.acquire() as conn:
                 return await work(conn)
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"postgresql: {type(exc).__name__}: {exc}") from exc
@@ -538,8 +652,9 @@ class PostgresStore:
 
     async def totals(self, query: UsageQuery) -> list[Totals]:
         sql, params = _totals_sql(query, lambda n: f"${n}::bigint" if n <= 4 else f"${n}")  # 1-4: the times
-        records = await self._run(lambda conn: conn.fetch(sql, *params))
-        return _totals_of(records, query.group_by)
+        records = await self._run(lambda conn: conn.fetch(sql, *params), self._reads)
+        totals: list[Totals] = await asyncio.to_thread(_totals_of, records, query.group_by)  # off the loop
+        return totals
 
     async def prune(self, before_ms: int) -> int:
         status = await self._run(lambda conn: conn.execute("DELETE FROM requests WHERE started_ms < $1", before_ms))
@@ -562,18 +677,22 @@ class PostgresStore:
         return await self._changed(sql, _key_values(key))
 
     async def list_keys(self) -> list[IssuedKey]:
-        records = await self._run(lambda conn: conn.fetch(_KEY_SELECT))
+        records = await self._run(lambda conn: conn.fetch(_KEY_SELECT), self._keys, KEYS_TIMEOUT_S)
         return [_issued(tuple(r)) for r in records]
 
     async def delete_key(self, name: str) -> bool:
         return await self._changed("DELETE FROM api_keys WHERE name = $1", (name,))
 
     async def keys_version(self) -> int:
-        return int(await self._run(lambda conn: conn.fetchval("SELECT version FROM api_keys_version")))
+        version = await self._run(
+            lambda conn: conn.fetchval("SELECT version FROM api_keys_version"), self._keys, KEYS_TIMEOUT_S
+        )
+        return int(version)
 
     async def aclose(self) -> None:
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
+        pools = [p for p in (self._keys, self._reads, self._pool) if p is not None]
+        self._keys = self._reads = self._pool = None
+        for pool in pools:
             await pool.close()
 
 

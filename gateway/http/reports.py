@@ -14,32 +14,56 @@ that contains ``ending_at`` (default: now), as the Admin API's console shows tod
 ``starting_at`` today the answer is today so far. That last bucket is partial: its ``ending_at`` is the bucket's
 own end (``starting_at`` + the width), but it counts only the requests started before the requested end, so an
 ``ending_at`` mid-bucket still leaves the later ones out. ``ending_at`` at or before ``starting_at`` is a 400.
-Empty buckets are included, oldest first. ``format=csv`` gives one line per result. An admin key
-(``admin.keys``) reads everything; a client key reads its own usage only.
+Empty buckets are included, oldest first. ``format=csv`` gives one line per result, each cell that a
+spreadsheet would take for a formula (``= + - @``, a tab or a carriage return first) prefixed with ``'`` and every
+line break in a cell written as ``\\n`` / ``\\r``. An admin key (``admin.keys``) reads everything; a client key
+reads its own usage only.
+
+What a report may cost the process (issue 31, settings ``reports``): a page holds at most ``max_results`` results,
+ending on the last whole bucket that fits (``has_more`` and ``next_page`` point at the next one; a single bucket
+holding more is a 400 naming ``group_by[]``); at most ``concurrency`` are built at once (another waits up to
+``queue_s`` for a slot) and at most ``per_minute`` are admitted per principal (the admin or client key asking) in any
+60 s: beyond either, ``429 rate_limit_error`` with ``retry-after`` (``ReportGate``). The aggregate runs in the store's
+own threads and connections, the page is built and encoded in a thread too: the event loop only waits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import csv
 import io
+import math
 import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from litestar import Request, Response, get
 
-from gateway.governance.keys import is_admin
+from gateway.governance.keys import authenticate
+from gateway.governance.limits import RateLimited
 from gateway.governance.store import StoreError, Totals, UsageQuery
 from gateway.http.routes import error_response
-from gateway.wire.errors import GatewayError, InvalidRequest, PermissionDenied, StoreUnavailable, new_request_id
+from gateway.settings import ReportSettings
+from gateway.wire.errors import (
+    AuthenticationError,
+    GatewayError,
+    InvalidRequest,
+    PermissionDenied,
+    StoreUnavailable,
+    new_request_id,
+)
 
 if TYPE_CHECKING:
     from gateway.core import Gateway
 
-__all__ = ["REPORT_HANDLERS", "ReportQuery", "parse_report_query"]
+__all__ = ["REPORT_HANDLERS", "ReportGate", "ReportQuery", "csv_cell", "parse_report_query"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -111,8 +135,11 @@ def _one(params: dict[str, list[str]], name: str) -> str | None:
     return values[0]
 
 
-def parse_report_query(params: dict[str, list[str]], *, cost: bool, now_ms: int) -> ReportQuery:
-    """The query string (each parameter's values) as a store query, or ``InvalidRequest``."""
+def parse_report_query(
+    params: dict[str, list[str]], *, cost: bool, now_ms: int, max_results: int | None = None
+) -> ReportQuery:
+    """The query string (each parameter's values) as a store query, or ``InvalidRequest``; ``max_results``: the
+    most results a page may hold (the store is asked for one more, to tell a page that is whole)."""
     if "group_by" in params:
         raise InvalidRequest("Invalid parameter `group_by`. Use `group_by[]` for array parameters.")
     known = {"starting_at", "ending_at", "bucket_width", "limit", "page", "format", "group_by[]"}
@@ -155,7 +182,14 @@ def parse_report_query(params: dict[str, list[str]], *, cost: bool, now_ms: int)
     filters = {_FILTERS[name]: tuple(values) for name, values in params.items() if name in _FILTERS}
     page_start = start + first * step
     page_end = min(start + min(buckets, first + limit) * step, end)  # rows up to the requested end, not its bucket's
-    query = UsageQuery(start_ms=page_start, end_ms=page_end, bucket_ms=step, group_by=columns, filters=filters)
+    query = UsageQuery(
+        start_ms=page_start,
+        end_ms=page_end,
+        bucket_ms=step,
+        group_by=columns,
+        filters=filters,
+        limit=None if max_results is None else max_results + 1,  # one more: a page that is whole is told apart
+    )
     fmt = _one(params, "format")
     fmt = "json" if fmt is None else fmt
     if fmt not in ("json", "csv"):
@@ -225,6 +259,15 @@ def _cents(usd: float | None) -> str:
 def _document(report: ReportQuery, totals: list[Totals], *, cost: bool) -> dict[str, Any]:
     query = report.query
     count = min(report.buckets - report.first_bucket, report.limit)  # the page's buckets, a partial last one too
+    if query.limit is not None and len(totals) >= query.limit:  # more than max_results: whole buckets only
+        count = totals[-1].bucket  # the store's totals are the earliest buckets': the last one may be cut short
+        if count == 0:
+            raise InvalidRequest(
+                f"group_by[]: the bucket starting {_iso(query.start_ms)} alone holds more than "
+                f"{query.limit - 1} results (reports.max_results): group by fewer dimensions, filter, or use a "
+                "narrower bucket_width"
+            )
+        totals = [t for t in totals if t.bucket < count]
     results: list[list[dict[str, Any]]] = [[] for _ in range(count)]
     for t in totals:
         if cost and not t.cost_usd:
@@ -243,6 +286,19 @@ def _document(report: ReportQuery, totals: list[Totals], *, cost: bool) -> dict[
     return {"data": data, "has_more": more, "next_page": next_page}
 
 
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """A cell no spreadsheet takes for a formula (a text starting with ``= + - @``, a tab or a carriage return gets
+    a leading ``'``) and that holds no line break (``\\r`` and ``\\n`` written as two characters each)."""
+    if not isinstance(value, str):
+        return value
+    if value.startswith(_FORMULA_STARTS):
+        value = "'" + value
+    return value.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def _csv(document: dict[str, Any]) -> bytes:
     rows = []
     for bucket in document["data"]:
@@ -250,9 +306,9 @@ def _csv(document: dict[str, Any]) -> bytes:
             flat: dict[str, Any] = {"starting_at": bucket["starting_at"], "ending_at": bucket["ending_at"]}
             for name, value in result.items():
                 if isinstance(value, dict):
-                    flat.update({f"{name}.{k}": v for k, v in value.items()})
+                    flat.update({f"{name}.{k}": csv_cell(v) for k, v in value.items()})
                 else:
-                    flat[name] = "" if value is None else value
+                    flat[name] = "" if value is None else csv_cell(value)
             rows.append(flat)
     out = io.StringIO()
     names = list(rows[0]) if rows else ["starting_at", "ending_at"]
@@ -269,31 +325,138 @@ def _params(request: Request[Any, Any, Any]) -> dict[str, list[str]]:
     return params
 
 
+class ReportGate:
+    """Admission of reports in this process: at most ``concurrency`` built at once (one more waits up to
+    ``queue_s`` for a slot) and at most ``per_minute`` admitted per principal in any 60 s (a log of the times
+    each principal's reports were admitted); beyond either, ``RateLimited`` with ``retry-after``. A report
+    refused is not counted. ``clock``: monotonic seconds."""
+
+    _PRUNE_AT = 1024  # principals remembered before the idle ones are forgotten
+
+    def __init__(self, settings: ReportSettings, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._admitted: dict[str, deque[float]] = {}
+
+    def reconfigured(self, settings: ReportSettings) -> ReportGate:
+        """This gate, or a new one for changed settings (a reload) that remembers who was admitted when; the
+        reports under way finish on the slots of the old one."""
+        if settings == self.settings:
+            return self
+        gate = ReportGate(settings, clock=self._clock)
+        gate._admitted = self._admitted
+        return gate
+
+    def _check_rate(self, principal: str, who: str) -> None:
+        now = self._clock()
+        admitted = self._admitted.get(principal)
+        if admitted is None:
+            return
+        while admitted and admitted[0] <= now - 60:
+            admitted.popleft()
+        if len(admitted) >= self.settings.per_minute:
+            wait = min(60, max(1, math.ceil(admitted[0] + 60 - now)))
+            raise RateLimited(
+                f"{who} has had {len(admitted)} reports in the last minute, its limit "
+                f"(reports.per_minute: {self.settings.per_minute}); retry in {wait} s",
+                headers={"retry-after": str(wait)},
+            )
+
+    def _record(self, principal: str) -> None:
+        now = self._clock()
+        if len(self._admitted) >= self._PRUNE_AT:
+            for name in [p for p, times in self._admitted.items() if not times or times[-1] <= now - 60]:
+                del self._admitted[name]
+        self._admitted.setdefault(principal, deque()).append(now)
+
+    @contextlib.asynccontextmanager
+    async def admit(self, principal: str, who: str) -> AsyncIterator[None]:
+        """A slot for one report of ``principal`` (``who``: how a refusal names it), held while the block runs."""
+        self._check_rate(principal, who)
+        queue_s = self.settings.queue_s
+        if self._slots.locked() and queue_s == 0:
+            raise self._busy()
+        try:
+            await asyncio.wait_for(self._slots.acquire(), queue_s or None)
+        except TimeoutError:
+            raise self._busy() from None
+        try:
+            self._check_rate(principal, who)  # the same principal's others may have been admitted while it waited
+            self._record(principal)
+            yield
+        finally:
+            self._slots.release()
+
+    def _busy(self) -> RateLimited:
+        wait = max(1, math.ceil(self.settings.queue_s))
+        return RateLimited(
+            f"{self.settings.concurrency} reports are being built on this gateway, its limit (reports.concurrency); "
+            f"retry in {wait} s",
+            headers={"retry-after": str(wait)},
+        )
+
+
+_RENDER = ThreadPoolExecutor(64, thread_name_prefix="report-render")  # threads start as used: the gate bounds them
+
+
+def _render(report: ReportQuery, totals: list[Totals], *, cost: bool) -> bytes:
+    document = _document(report, totals, cost=cost)
+    return _csv(document) if report.csv else _encode(document)
+
+
+def _gate(request: Request[Any, Any, Any], settings: ReportSettings) -> ReportGate:
+    state = request.app.state
+    current: ReportGate | None = getattr(state, "report_gate", None)
+    gate = ReportGate(settings) if current is None else current.reconfigured(settings)
+    if gate is not current:
+        state.report_gate = gate
+    return gate
+
+
+async def _principal(gw: Gateway, request: Request[Any, Any, Any], report: ReportQuery) -> tuple[ReportQuery, str, str]:
+    """The report narrowed to what the asker may read, who is asking (the per-principal rate's key) and how a
+    refusal names them."""
+    runtime = gw.runtime
+    try:
+        _, admin = authenticate(runtime.admin_keys, request.headers) if runtime.admin_keys else ({}, None)
+    except AuthenticationError:
+        admin = None
+    if admin is not None:
+        return report, f"admin:{admin.name}", f"admin key {admin.name!r}"
+    if runtime.admin_keys or not runtime.settings.auth.open:
+        _, key = await gw.identity.authenticate(runtime, request.headers)
+        if key is None:  # an open gateway with admin keys: the reports are theirs
+            raise PermissionDenied("the usage reports need an admin key (admin.keys)")
+        own = {**report.query.filters, "key_name": (key.name,)}  # a client key reads its own usage only
+        report = msgspec.structs.replace(report, query=msgspec.structs.replace(report.query, filters=own))
+        return report, f"key:{key.name}", f"API key {key.name!r}"
+    host = request.client.host if request.client is not None else ""
+    return report, f"open:{host}", f"the address {host}"  # an open gateway: the caller's address
+
+
 async def _report(request: Request[Any, Any, Any], *, cost: bool) -> Response[bytes]:
     gw: Gateway = request.app.state.gateway
     rid = new_request_id()
     try:
         if gw.ledger is None:
             raise InvalidRequest("the usage ledger is off on this gateway (store.enabled: false)")
-        report = parse_report_query(_params(request), cost=cost, now_ms=int(time.time() * 1000))
-        runtime = gw.runtime
-        if not is_admin(runtime.admin_keys, request.headers) and (runtime.admin_keys or not runtime.settings.auth.open):
-            _, key = await gw.identity.authenticate(runtime, request.headers)
-            if key is None:  # an open gateway with admin keys: the reports are theirs
-                raise PermissionDenied("the usage reports need an admin key (admin.keys)")
-            own = {**report.query.filters, "key_name": (key.name,)}  # a client key reads its own usage only
-            report = msgspec.structs.replace(report, query=msgspec.structs.replace(report.query, filters=own))
-        await gw.ledger.flush()  # what is queued is part of the answer
-        try:
-            totals = await gw.ledger.store.totals(report.query)
-        except StoreError as exc:
-            raise StoreUnavailable(f"the usage store cannot be read: {exc}") from exc
+        settings = gw.runtime.settings.reports
+        now_ms = int(time.time() * 1000)
+        report = parse_report_query(_params(request), cost=cost, now_ms=now_ms, max_results=settings.max_results)
+        report, principal, who = await _principal(gw, request, report)
+        async with _gate(request, settings).admit(principal, who):
+            await gw.ledger.flush()  # what is queued is part of the answer
+            try:
+                totals = await gw.ledger.store.totals(report.query)
+            except StoreError as exc:
+                raise StoreUnavailable(f"the usage store cannot be read: {exc}") from exc
+            loop = asyncio.get_running_loop()
+            body = await loop.run_in_executor(_RENDER, lambda: _render(report, totals, cost=cost))  # off the loop
     except GatewayError as exc:
         return error_response(exc, rid)
-    document = _document(report, totals, cost=cost)
-    if report.csv:
-        return Response(_csv(document), media_type="text/csv; charset=utf-8", headers={"request-id": rid})
-    return Response(_encode(document), media_type="application/json", headers={"request-id": rid})
+    media_type = "text/csv; charset=utf-8" if report.csv else "application/json"
+    return Response(body, media_type=media_type, headers={"request-id": rid})
 
 
 @get("/v1/organizations/usage_report/messages")

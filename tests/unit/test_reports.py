@@ -4,12 +4,16 @@ date before 1970 were 500s, an empty format was taken for json)."""
 from __future__ import annotations
 
 import asyncio
+import csv as stdlib_csv
+import io
 from typing import Any
 
 import pytest
 
+from gateway.governance.limits import RateLimited
 from gateway.governance.store import LedgerRow, MemoryStore
-from gateway.http.reports import ReportQuery, _csv, _cursor, _document, parse_report_query
+from gateway.http.reports import ReportGate, ReportQuery, _csv, _cursor, _document, csv_cell, parse_report_query
+from gateway.settings import ReportSettings
 from gateway.wire.errors import InvalidRequest
 
 NOW = 1_764_633_600_000  # 2025-12-02T00:00:00Z
@@ -149,3 +153,120 @@ def test_the_cost_report_and_csv_show_today_so_far() -> None:
     usage = parse_report_query({"starting_at": ["2025-12-02"], "format": ["csv"]}, cost=False, now_ms=MIDDAY)
     lines = _csv(answer(usage, row(NOW + 1, 1), row(MIDDAY, 2))).decode().splitlines()
     assert len(lines) == 2 and lines[1].startswith("2025-12-02T00:00:00Z,2025-12-03T00:00:00Z,10,")
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_are_quoted_and_hold_no_line_break() -> None:
+    """Issue 31: a session id ``=HYPERLINK(…)`` or a JWT email with a raw newline reached the CSV as it came."""
+    assert csv_cell('=HYPERLINK("http://evil","x")') == '\'=HYPERLINK("http://evil","x")'
+    for text in ("+1", "-2", "@SUM(A1)", "\tx"):
+        assert csv_cell(text) == "'" + text
+    assert csv_cell("\rx") == "'\\rx" and csv_cell("a\nb") == "a\\nb" and csv_cell("c\r\nd") == "c\\r\\nd"
+    assert csv_cell("alice@example.com") == "alice@example.com" and csv_cell(-3) == -3 and csv_cell(0.5) == 0.5
+    report = parse_report_query(
+        {"starting_at": ["2025-12-02"], "format": ["csv"], "group_by[]": ["session_id", "account_id"]},
+        cost=False,
+        now_ms=MIDDAY,
+    )
+    rows = [
+        LedgerRow(started_ms=NOW + 1, request_id="a", session_id="=1+1", user="eve\n@evil"),
+        LedgerRow(started_ms=NOW + 2, request_id="b", session_id="fine", user="bob"),
+    ]
+    store = MemoryStore()
+    asyncio.run(store.write(rows))
+    text = _csv(_document(report, asyncio.run(store.totals(report.query)), cost=False)).decode()
+    assert "\r" not in text and text.count("\n") == 3  # the header and one line each
+    cells = sorted((r["session_id"], r["account_id"]) for r in stdlib_csv.DictReader(io.StringIO(text)))
+    assert cells == [("'=1+1", "eve\\n@evil"), ("fine", "bob")]
+
+
+def by_hour(hours: int, groups: int, max_results: int, page: str | None = None) -> dict[str, Any]:
+    """A page of an hourly report over ``hours`` hours with ``groups`` sessions an hour."""
+    params = {"starting_at": ["2025-12-02T00:00:00Z"], "bucket_width": ["1h"], "group_by[]": ["session_id"]}
+    if page is not None:
+        params["page"] = [page]
+    report = parse_report_query(params, cost=False, now_ms=NOW + hours * HOUR, max_results=max_results)
+    rows = [
+        LedgerRow(started_ms=NOW + h * HOUR + g, request_id=f"r{h}_{g}", session_id=f"s{g}")
+        for h in range(hours)
+        for g in range(groups)
+    ]
+    return answer(report, *rows)
+
+
+def test_a_page_holds_at_most_max_results_and_ends_on_a_whole_bucket() -> None:
+    first = by_hour(5, 3, max_results=7)  # 3 a bucket: two whole buckets fit, a third would make 9
+    assert [len(b["results"]) for b in first["data"]] == [3, 3] and first["has_more"]
+    second = by_hour(5, 3, max_results=7, page=first["next_page"])
+    assert second["data"][0]["starting_at"] == "2025-12-02T02:00:00Z" == first["data"][-1]["ending_at"]
+    assert [len(b["results"]) for b in second["data"]] == [3, 3]
+    last = by_hour(5, 3, max_results=7, page=second["next_page"])
+    assert [len(b["results"]) for b in last["data"]] == [3] and not last["has_more"]
+    exact = by_hour(2, 3, max_results=6)  # exactly the cap: one page
+    assert [len(b["results"]) for b in exact["data"]] == [3, 3] and not exact["has_more"]
+    with pytest.raises(InvalidRequest, match=r"^group_by\[\]: .*max_results"):
+        by_hour(2, 3, max_results=2)  # one bucket alone holds more
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_reports_beyond_a_principals_rate_are_429s_with_retry_after_and_refusals_are_not_counted() -> None:
+    clock = Clock()
+    gate = ReportGate(ReportSettings(per_minute=2, concurrency=4), clock=clock)
+
+    async def ask(principal: str, through: ReportGate = gate) -> str:
+        try:
+            async with through.admit(principal, principal):
+                return "ok"
+        except RateLimited as exc:
+            return f"429 {exc.headers['retry-after']}"
+
+    async def go() -> list[str]:
+        seen = [await ask("key:a")]
+        clock.now += 20
+        seen += [await ask("key:a"), await ask("key:a"), await ask("key:b")]
+        clock.now += 39.5  # the first is 59.5 s old: still counted
+        seen.append(await ask("key:a"))
+        clock.now += 0.5
+        seen.append(await ask("key:a"))  # now 60 s old: forgotten
+        return seen
+
+    assert asyncio.run(go()) == ["ok", "ok", "429 40", "ok", "429 1", "ok"]
+    assert gate.reconfigured(gate.settings) is gate
+    wider = gate.reconfigured(ReportSettings(per_minute=3))
+    assert wider is not gate and asyncio.run(ask("key:a", wider)) == "ok"  # the third of three
+    assert asyncio.run(ask("key:a", wider)) == "429 20"  # the log goes with a reload: 1020, 1060, 1060
+
+
+def test_reports_beyond_the_concurrency_wait_up_to_queue_s_then_are_429s() -> None:
+    async def go(queue_s: float) -> list[str]:
+        gate = ReportGate(ReportSettings(concurrency=1, queue_s=queue_s, per_minute=100))
+        release = asyncio.Event()
+        seen: list[str] = []
+
+        async def report(name: str, hold: bool) -> None:
+            try:
+                async with gate.admit(name, name):
+                    seen.append(f"{name} in")
+                    if hold:
+                        await release.wait()
+            except RateLimited as exc:
+                assert "reports.concurrency" in exc.message
+                seen.append(f"{name} 429 {exc.headers['retry-after']}")
+
+        first = asyncio.create_task(report("a", True))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(report("b", False))
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.gather(first, second)
+        return seen
+
+    assert asyncio.run(go(0)) == ["a in", "b 429 1"]
+    assert asyncio.run(go(0.02)) == ["a in", "b 429 1"]  # waited 20 ms for the slot, then refused
+    assert asyncio.run(go(5)) == ["a in", "b in"]  # waited for the slot and had it

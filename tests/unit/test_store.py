@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -248,3 +249,86 @@ def test_a_version_1_ledger_is_migrated_to_hold_keys_and_keeps_its_rows(tmp_path
     db = sqlite3.connect(tmp_path / "ledger.db")
     assert db.execute("SELECT MAX(version) FROM schema_version").fetchone() == (SCHEMA_VERSION,)
     assert db.execute("SELECT COUNT(*) FROM requests").fetchone() == (1,)
+
+
+def test_a_query_limit_keeps_the_earliest_buckets_totals(store_url: str) -> None:
+    """``limit``: the totals of the earliest buckets first, so all but the last bucket returned are whole."""
+    rows = [row(i, key_name=f"k{i % 3}") for i in range(180)]  # three hours, three keys each hour
+
+    async def work(store: Store) -> Any:
+        await store.write(rows)
+        query = UsageQuery(start_ms=T0, end_ms=T0 + 3 * HOUR, bucket_ms=HOUR, group_by=("key_name",), limit=4)
+        return await store.totals(query)
+
+    totals = run(open_store(store_url), work)
+    assert [(t.bucket, t.dimensions["key_name"]) for t in totals] == [(0, "k0"), (0, "k1"), (0, "k2"), (1, "k0")]
+
+
+def version_2_sqlite(path: Path) -> None:
+    from gateway.governance import store as store_module
+
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+    for version in (1, 2):
+        for statement in store_module._MIGRATIONS[version]:
+            db.execute(statement.format(serial="INTEGER"))
+        db.execute("INSERT INTO schema_version VALUES (?)", (version,))
+    db.commit()
+    db.close()
+
+
+def test_a_version_2_ledger_gets_the_report_index_and_a_client_report_uses_it(tmp_path: Path) -> None:
+    from gateway.governance.store import _totals_sql
+
+    version_2_sqlite(tmp_path / "ledger.db")
+    run(open_store(f"sqlite:///{tmp_path}/ledger.db"), lambda store: store.write([row(0)]))
+    db = sqlite3.connect(tmp_path / "ledger.db")
+    assert db.execute("SELECT MAX(version) FROM schema_version").fetchone() == (SCHEMA_VERSION,)
+    query = UsageQuery(
+        start_ms=T0, end_ms=T0 + HOUR, bucket_ms=HOUR, group_by=("model",), filters={"key_name": ("ci",)}
+    )
+    sql, params = _totals_sql(query, lambda n: "?")
+    plan = " ".join(str(r[-1]) for r in db.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+    assert "requests_key_started" in plan, plan
+
+
+def test_the_keys_poll_and_the_reports_do_not_wait_for_the_writer(tmp_path: Path) -> None:
+    """The poll of the keys and a report's aggregate run on connections of their own: the writer's connection
+    busy (its lock held, as a long batch or, before, a long report held it) delays neither."""
+
+    async def work(store: Store) -> tuple[float, float]:
+        await store.write([row(0)])
+        held = store._lock  # type: ignore[attr-defined]
+        held.acquire()
+        try:
+            started = time.monotonic()
+            version = await asyncio.wait_for(store.keys_version(), 2)
+            polled = time.monotonic() - started
+            totals = await asyncio.wait_for(store.totals(UsageQuery(start_ms=T0, end_ms=T0 + HOUR, bucket_ms=HOUR)), 2)
+            assert version == 0 and totals[0].requests == 1
+            return polled, time.monotonic() - started
+        finally:
+            held.release()
+
+    polled, reported = run(open_store(f"sqlite:///{tmp_path}/ledger.db"), work)
+    assert polled < 0.5 and reported < 1.0
+
+
+def test_a_keys_poll_that_takes_too_long_is_interrupted_and_the_next_one_answers(tmp_path: Path) -> None:
+    """A poll still running after ``KEYS_TIMEOUT_S`` is given up (its query interrupted, a ``StoreError``: the
+    poller keeps the keys last read), and the keys' connection answers the next poll at once."""
+    from gateway.governance.store import KEYS_TIMEOUT_S
+
+    endless = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT COUNT(*) FROM n"
+
+    async def work(store: Any) -> tuple[float, float]:
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="within"):
+            await store._poll(lambda db: db.execute(endless).fetchone())
+        given_up = time.monotonic() - started
+        started = time.monotonic()
+        assert await store.keys_version() == 0
+        return given_up, time.monotonic() - started
+
+    given_up, next_poll = run(open_store(f"sqlite:///{tmp_path}/ledger.db"), work)
+    assert KEYS_TIMEOUT_S <= given_up < KEYS_TIMEOUT_S + 0.5 and next_poll < 0.2, (given_up, next_poll)
