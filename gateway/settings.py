@@ -240,7 +240,8 @@ class JwtSettings(_Strict, frozen=True, kw_only=True):
     checked against the issuer's JWKS (``jwks_url``, else the ``jwks_uri`` of
     ``{issuer}/.well-known/openid-configuration``), fetched and cached, refetched for a ``kid`` it does not hold;
     ``exp``, ``nbf``, ``iss`` and ``aud`` are checked. ``user_claim`` and ``team_claim`` name the claims that
-    attribute the request (limits, ledger)."""
+    attribute the request (limits, ledger). ``unknown_team`` (with ``team_claim``): a token that names no team of
+    ``teams`` is refused (``deny``, the default: 403) or may use every model (``allow``)."""
 
     issuer: Annotated[str, msgspec.Meta(min_length=1)]
     audience: Annotated[str, msgspec.Meta(min_length=1)]
@@ -250,6 +251,7 @@ class JwtSettings(_Strict, frozen=True, kw_only=True):
     algorithms: tuple[JwtAlgorithm, ...] = ("RS256", "ES256")
     leeway_s: Annotated[float, msgspec.Meta(ge=0, le=300)] = 30.0
     jwks_cache_s: Annotated[float, msgspec.Meta(ge=1)] = 300.0
+    unknown_team: Literal["deny", "allow"] = "deny"
 
     def __post_init__(self) -> None:
         for name, url in (("issuer", self.issuer), ("jwks_url", self.jwks_url)):
@@ -497,6 +499,12 @@ class Settings(_Strict, frozen=True, kw_only=True):
         for entry in self.auth.keys:
             if isinstance(entry, ApiKey) and entry.team and self.teams and entry.team not in self.teams:
                 raise ValueError(f"key {entry.name!r} names team {entry.team!r}, which `teams` does not list")
+        jwt = self.auth.jwt
+        if jwt is not None and jwt.team_claim is not None and jwt.unknown_team == "deny" and not self.teams:
+            raise ValueError(
+                "auth.jwt.team_claim with unknown_team: deny and no `teams` would refuse every token: "
+                "list the teams, or say auth.jwt.unknown_team: allow"
+            )
         issuable = bool(self.admin.keys) and self.store.enabled  # keys issued at run time
         if not self.auth.keys and not self.auth.open and self.auth.jwt is None and not issuable:
             raise ValueError(

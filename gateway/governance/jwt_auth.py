@@ -6,29 +6,41 @@ is not held fetches the set again (at most once every ``REFETCH_S`` seconds, so 
 gateway hammer the issuer), which is how a rotated key is picked up; the whole set is refreshed every
 ``jwks_cache_s``. The algorithm must be one of ``algorithms`` (asymmetric only: ``none`` and HS256-with-the-
 public-key never verify) and match the key's; ``exp``, ``iss`` and ``aud`` are required, ``nbf`` is checked
-when present, with ``leeway_s`` of clock skew. A verified token is remembered until it expires (verifying a
-signature costs tens of microseconds; a client sends the same token for its whole life).
+when present, with ``leeway_s`` of clock skew.
 
-The claims give the principal: ``user_claim`` its user, ``team_claim`` its team (a string, or the first of a
-list that names a configured team); it is a ``ClientKey`` named ``jwt:<user>`` with its team's models, so
-limits (per user: the defaults; per team: the team's) and the ledger treat it like any key.
+A verified token's *claims* are remembered (verifying a signature costs tens of microseconds; a client sends the
+same token for its whole life), by the token's text, beside the ``kid`` its header names and the key it verified
+with, until ``min(exp, verified + jwks_cache_s)``: past that the token is verified again against the keys held
+then. Every successful JWKS fetch forgets the tokens whose key the new set no longer holds (a withdrawn ``kid``,
+or one whose key material changed), so a retired signing key is refused for old tokens as for new ones.
+
+The principal is derived from the remembered claims against the teams of the running config, so a reload
+applies to tokens already seen; the derivation (~4 us) is kept beside the claims and reused while the running
+teams are the very mapping it was made under (a reload's settings are new objects). ``user_claim`` gives its
+user, ``team_claim`` its team (a string, or the first of a list that names a configured team); it is a
+``ClientKey`` named ``jwt:<user>`` with its team's models, so limits (per user: the defaults; per team: the
+team's, looked up per request) and the ledger treat it like any key. With ``team_claim`` set, a token that names
+no configured team is refused (403 ``permission_error``) under ``unknown_team: deny``, the default; ``allow``
+lets it use every model, attributed to the first name it gives.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import jwt
 
 from gateway.governance.keys import ClientKey
 from gateway.settings import JwtSettings, TeamSettings
-from gateway.wire.errors import AuthenticationError, GatewayError
+from gateway.wire.errors import AuthenticationError, GatewayError, PermissionDenied
 
 __all__ = ["REFETCH_S", "JwtVerifier"]
 
@@ -37,6 +49,7 @@ log = logging.getLogger("gateway")
 REFETCH_S = 10.0  # the least time between two fetches for an unknown kid
 _MAX_REMEMBERED = 10_000
 _FETCH_TIMEOUT_S = 5.0
+_NO_KEY = hashlib.sha256(b"").digest()  # a JWT principal's digest: what ClientKey would hash for it each time
 
 
 class IdentityProviderDown(GatewayError):
@@ -57,27 +70,73 @@ def _compatible(key: jwt.PyJWK, alg: str) -> bool:
     return alg.startswith(_FAMILY.get(key.key_type or "", ()))
 
 
+def _lookup(keys: Mapping[str, jwt.PyJWK], kid: str) -> jwt.PyJWK | None:
+    """The key a token naming ``kid`` ("" for none) verifies with: its own, or the only one of a set of one."""
+    key = keys.get(kid)
+    if key is None and not kid and len(keys) == 1:
+        key = next(iter(keys.values()))
+    return key
+
+
+def _same(a: jwt.PyJWK, b: jwt.PyJWK) -> bool:
+    return a is b or bool(a._jwk_data == b._jwk_data)
+
+
 def _refused(reason: str) -> AuthenticationError:
     return AuthenticationError(f"invalid bearer token: {reason}")
 
 
+@dataclass(slots=True)
+class _Verified:
+    """A token that verified: the ``kid`` its header names, the key it verified with, its claims, and until when
+    (wall clock) they may be used without verifying it again. ``derived``: the principal last derived from the
+    claims, and the teams mapping it was derived under (a reload's settings are new objects, so a principal is
+    reused only under the very teams it came from)."""
+
+    kid: str
+    key: jwt.PyJWK
+    claims: Mapping[str, Any]
+    until: float
+    derived: tuple[Mapping[str, TeamSettings], ClientKey] | None = None
+
+
 class JwtVerifier:
-    def __init__(self, settings: JwtSettings, clock: Callable[[], float] = time.time) -> None:
+    """``clock``: wall time (``exp``, and how long a verified token is remembered); ``monotonic``: the JWKS
+    fetch timers."""
+
+    def __init__(
+        self,
+        settings: JwtSettings,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings = settings
         self._clock = clock
+        self._monotonic = monotonic
         self._keys: dict[str, jwt.PyJWK] = {}  # kid -> key ("" for a key without a kid)
         self._fetched_at = -1e18  # monotonic
         self._tried_at = -1e18
         self._jwks_url = settings.jwks_url
         self._lock = asyncio.Lock()
-        self._remembered: dict[str, tuple[ClientKey, float]] = {}  # token -> (principal, its exp)
+        self._remembered: dict[str, _Verified] = {}  # token -> its verified claims
         self.fetches = 0
 
     async def principal(self, token: str, teams: Mapping[str, TeamSettings]) -> ClientKey:
-        """The principal ``token`` stands for; ``AuthenticationError`` (401) when it does not verify."""
+        """The principal ``token`` stands for under ``teams`` (the running config's); ``AuthenticationError``
+        (401) when it does not verify, ``PermissionDenied`` (403) when it names no team and ``unknown_team`` is
+        ``deny``."""
         known = self._remembered.get(token)
-        if known is not None and self._clock() < known[1]:
-            return known[0]
+        if known is None or self._clock() >= known.until:
+            known = await self._verify(token)
+        derived = known.derived
+        if derived is not None and derived[0] is teams:
+            return derived[1]
+        principal = self._principal(known.claims, teams)
+        known.derived = (teams, principal)
+        return principal
+
+    async def _verify(self, token: str) -> _Verified:
+        self._remembered.pop(token, None)  # past its time: verified again, or refused
         try:
             header = jwt.get_unverified_header(token)
         except jwt.InvalidTokenError:
@@ -86,15 +145,17 @@ class JwtVerifier:
         if alg not in self.settings.algorithms:
             raise _refused(f"its algorithm is not one of {', '.join(self.settings.algorithms)}")
         kid = header.get("kid")
-        key = await self._key(kid if isinstance(kid, str) else "")
+        kid = kid if isinstance(kid, str) else ""
+        key = await self._key(kid)
         if not _compatible(key, alg):
             raise _refused("its algorithm does not match its key's")
         claims = self._decode(token, key, alg)
-        principal = self._principal(claims, teams)
+        until = min(float(claims["exp"]), self._clock() + self.settings.jwks_cache_s)
+        verified = _Verified(kid=kid, key=key, claims=claims, until=until)
         if len(self._remembered) >= _MAX_REMEMBERED:
             self._remembered.clear()
-        self._remembered[token] = (principal, float(claims["exp"]))
-        return principal
+        self._remembered[token] = verified
+        return verified
 
     def _decode(self, token: str, key: jwt.PyJWK, alg: str) -> dict[str, Any]:
         s = self.settings
@@ -135,12 +196,22 @@ class JwtVerifier:
             elif isinstance(value, list):
                 names = [v for v in value if isinstance(v, str)]
                 team = next((v for v in names if v in teams), names[0] if names else "")
+            if team not in teams and s.unknown_team == "deny":
+                raise PermissionDenied(
+                    f"bearer token: no configured team matches its {s.team_claim!r} claim (auth.jwt.unknown_team: deny)"
+                )
         team = team[:128]
         models = teams[team].models if team in teams else None
-        return ClientKey(name=f"jwt:{user}", team=team, user=user, models=None if models is None else tuple(models))
+        return ClientKey(
+            name=f"jwt:{user}",
+            team=team,
+            user=user,
+            models=None if models is None else tuple(models),
+            digest=_NO_KEY,
+        )
 
     def _fresh(self) -> bool:
-        return time.monotonic() - self._fetched_at < self.settings.jwks_cache_s
+        return self._monotonic() - self._fetched_at < self.settings.jwks_cache_s
 
     async def _key(self, kid: str) -> jwt.PyJWK:
         key = self._keys.get(kid)
@@ -148,11 +219,9 @@ class JwtVerifier:
             return key
         async with self._lock:  # one fetch at a time; the requests waiting on it then find its keys
             stale, unknown = not self._fresh(), kid not in self._keys
-            if (stale or unknown) and time.monotonic() - self._tried_at >= REFETCH_S:
+            if (stale or unknown) and self._monotonic() - self._tried_at >= REFETCH_S:
                 await self._refresh()
-        key = self._keys.get(kid)
-        if key is None and not kid and len(self._keys) == 1:  # a token without a kid, a set of one key
-            key = next(iter(self._keys.values()))
+        key = _lookup(self._keys, kid)
         if key is None:
             if not self._keys:
                 raise IdentityProviderDown("the identity provider's signing keys cannot be fetched")
@@ -160,14 +229,19 @@ class JwtVerifier:
         return key
 
     async def _refresh(self) -> None:
-        self._tried_at = time.monotonic()
+        self._tried_at = self._monotonic()
         try:
             keys = await asyncio.to_thread(self._fetch)
         except Exception as exc:  # the issuer unreachable, or a broken document: keep what is known
             log.warning("auth.jwt: fetching the issuer's keys failed: %s", exc)
             return
         self._keys = keys
-        self._fetched_at = time.monotonic()
+        self._fetched_at = self._monotonic()
+        self._remembered = {  # the tokens of a withdrawn (or changed) key are verified again, and refused
+            token: known
+            for token, known in self._remembered.items()
+            if (key := _lookup(keys, known.kid)) is not None and _same(key, known.key)
+        }
 
     def _fetch(self) -> dict[str, jwt.PyJWK]:
         """The issuer's signing keys (blocking: run in a worker thread)."""
