@@ -90,6 +90,7 @@ def ui_config(fake_url: str) -> str:
     return f"""
 resilience: {{retry: {{max_attempts: 1}}, breaker: {{failure_threshold: 100000}}}}
 auth: {{keys: [ui-key]}}
+admin: {{keys: [ui-admin]}}
 providers:
   paced: {{kind: mock, deltas: 48, event_delay_ms: 25}}
   fast: {{kind: mock, deltas: 12}}

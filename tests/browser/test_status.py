@@ -1,5 +1,6 @@
 """The status page in headless Chromium: every alias with its strategy and targets, per-target health,
-and token totals equal to the gateway's metrics, redrawn live as requests are served."""
+and token totals equal to the gateway's metrics, redrawn live as requests are served (an admin key); with a
+client key, its aliases' health and its own usage today, and nothing of the providers or others' traffic."""
 
 from __future__ import annotations
 
@@ -34,12 +35,12 @@ def test_status_page_lists_routes_and_follows_the_metrics_live(page: Any, ui_gat
     page.goto(f"{ui_gateway.url}/status")
     page.wait_for_selector("#status-error:not([hidden])")  # no key yet: the API said so
     assert "authentication_error" in page.inner_text("#status-error")
-    page.fill("#key", "ui-key")
+    page.fill("#key", "ui-admin")
     page.dispatch_event("#key", "change")
     page.wait_for_selector("section.alias[data-alias='claude-fast']")
     assert page.is_hidden("#status-error")
 
-    listed = httpx.get(f"{ui_gateway.url}/v1/gateway/status", headers=key).json()["aliases"]
+    listed = httpx.get(f"{ui_gateway.url}/v1/gateway/status", headers={"x-api-key": "ui-admin"}).json()["aliases"]
     shown = page.locator("section.alias").evaluate_all("(s) => s.map((e) => e.dataset.alias)")
     assert shown == [a["alias"] for a in listed]
     fast = page.locator("section.alias[data-alias='claude-fast']")
@@ -69,6 +70,34 @@ def test_status_page_lists_routes_and_follows_the_metrics_live(page: Any, ui_gat
     assert "completed 2" in fast.locator("tbody tr td").nth(5).inner_text()  # redrawn without a reload
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "status.png"), full_page=True)
+
+
+def test_with_a_client_key_the_page_shows_health_and_the_keys_own_usage(page: Any, ui_gateway: RunningGateway) -> None:
+    key = {"x-api-key": "ui-key"}
+    assert (
+        httpx.post(f"{ui_gateway.url}/v1/messages", json={"model": "claude-fast", **ASK}, headers=key).status_code
+        == 200
+    )
+    own = httpx.get(f"{ui_gateway.url}/v1/gateway/status", headers=key).json()
+    assert own["scope"] == "key"
+    fast_today = next(a for a in own["aliases"] if a["alias"] == "claude-fast")["today"]
+    page.goto(f"{ui_gateway.url}/status")
+    page.fill("#key", "ui-key")
+    page.dispatch_event("#key", "change")
+    fast = page.locator("section.alias[data-alias='claude-fast']")
+    fast.wait_for()
+    assert page.is_hidden("#status-error")
+    assert f"Your tokens today (key {own['key']})" in page.inner_text("#totals-title")
+    assert f"your requests today: {fast_today['requests']}" in fast.inner_text()
+    assert f"Output {fast_today['tokens']['output']}" in fast.inner_text()
+    row = fast.locator("tbody tr").first
+    assert row.locator("th").inner_text() == "1" and row.locator("td").first.inner_text() == "available"
+    text = page.inner_text("#aliases")
+    assert "fast (" not in text and "Provider" not in text and "%" not in text  # no provider, no statistics
+    total = sum(a["today"]["tokens"]["output"] for a in own["aliases"])
+    assert int(page.inner_text("#totals [data-total='output']")) == total
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "status-key.png"), full_page=True)
 
 
 def test_status_page_shows_a_cooling_target_and_its_recovery_state(page: Any, fake_claude: FakeClaudeAPI) -> None:

@@ -126,3 +126,42 @@ def test_an_expiry_past_year_9999_is_a_400_naming_the_field(fake: FakeClaudeAPI,
             headers={"x-api-key": "sk-admin"},
         )
         assert latest.status_code == 201, latest.text
+
+
+def test_a_client_key_reads_its_aliases_health_and_its_own_usage_only(fake: FakeClaudeAPI, tmp_path: Path) -> None:
+    """``/v1/gateway/status`` gave any client key the organisation's totals: other keys' outcomes and tokens,
+    upstream model ids, breaker statistics."""
+    config = f"""
+auth:
+  keys:
+    - {{name: alice, key: sk-alice, models: [sonnet]}}
+    - {{name: bob, key: sk-bob}}
+admin: {{keys: [sk-admin]}}
+store: {{url: "sqlite:///{tmp_path}/ledger.db", flush_interval_s: 0.05}}
+providers:
+  secret-provider: {{kind: anthropic, api_key: provider-key, base_url: "{fake.base_url}"}}
+models:
+  sonnet: {{targets: [{{provider: secret-provider, model: fake-text}}, {{provider: secret-provider, model: fake-x}}]}}
+  opus: {{targets: [{{provider: secret-provider, model: fake-opus-upstream}}]}}
+"""
+    with run_gateway(config) as gw:
+        for key, n in (("sk-alice", 1), ("sk-bob", 3)):
+            for _ in range(n):
+                resp = httpx.post(f"{gw.url}/v1/messages", json={"model": "sonnet", **KW}, headers={"x-api-key": key})
+                assert resp.status_code == 200
+        usage = resp.json()["usage"]
+        alice = httpx.get(f"{gw.url}/v1/gateway/status", headers={"x-api-key": "sk-alice"})
+        assert alice.status_code == 200
+        doc = alice.json()
+        assert (doc["scope"], doc["key"], [a["alias"] for a in doc["aliases"]]) == ("key", "alice", ["sonnet"])
+        (sonnet,) = doc["aliases"]
+        assert sonnet["state"] == "available" and [t["state"] for t in sonnet["targets"]] == ["available"] * 2
+        assert sonnet["today"]["requests"] == 1  # hers, not bob's three
+        assert sonnet["today"]["tokens"]["output"] == usage["output_tokens"]
+        for secret in ("secret-provider", "fake-text", "fake-x", "fake-opus", "successes", "success_rate", "bob"):
+            assert secret not in alice.text, secret
+        admin = httpx.get(f"{gw.url}/v1/gateway/status", headers={"x-api-key": "sk-admin"}).json()
+        assert admin["scope"] == "gateway" and [a["alias"] for a in admin["aliases"]] == ["sonnet", "opus"]
+        assert admin["aliases"][0]["requests"] == {"completed": 4}
+        assert admin["aliases"][0]["targets"][0]["provider"] == "secret-provider"
+        assert httpx.get(f"{gw.url}/v1/gateway/status").status_code == 401

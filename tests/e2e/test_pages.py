@@ -85,7 +85,8 @@ def test_package_data_ships_every_web_file() -> None:
 
 
 def test_status_totals_equal_the_metrics(fake_claude: FakeClaudeAPI) -> None:
-    with run_gateway(claude_config(fake_claude.base_url)) as gw:
+    """The gateway-wide totals (an admin key's scope) equal the metrics; a client key's scope is its own usage."""
+    with run_gateway(claude_config(fake_claude.base_url) + "admin: {keys: [gw-admin]}\n") as gw:
         key = {"x-api-key": "gw-key-1"}
         for _ in range(2):
             body = {
@@ -97,7 +98,8 @@ def test_status_totals_equal_the_metrics(fake_claude: FakeClaudeAPI) -> None:
             assert httpx.post(gw.url + "/v1/messages", json=body, headers=key).status_code == 200
         bad = httpx.post(gw.url + "/v1/messages", json={**body, "model": "mock-model", "max_tokens": 0}, headers=key)
         assert bad.status_code == 400
-        status = httpx.get(gw.url + "/v1/gateway/status", headers=key).json()
+        status = httpx.get(gw.url + "/v1/gateway/status", headers={"x-api-key": "gw-admin"}).json()
+        assert status["scope"] == "gateway"
         sonnet = next(a for a in status["aliases"] if a["alias"] == "sonnet")
         usage = final_message("fake-text")["usage"]
         want = {
@@ -116,3 +118,9 @@ def test_status_totals_equal_the_metrics(fake_claude: FakeClaudeAPI) -> None:
             )
         mock = next(a for a in status["aliases"] if a["alias"] == "mock-model")
         assert mock["tokens"] == {"input": 0, "output": 0, "cache_read": 0, "cache_creation": 0}
+        own = httpx.get(gw.url + "/v1/gateway/status", headers=key).json()
+        assert own["scope"] == "key" and own["key"] == "key-1"
+        sonnet = next(a for a in own["aliases"] if a["alias"] == "sonnet")
+        assert sonnet["today"] == {"requests": 2, "tokens": want} and sonnet["state"] == "available"
+        other = httpx.get(gw.url + "/v1/gateway/status", headers={"x-api-key": "gw-key-2"}).json()
+        assert next(a for a in other["aliases"] if a["alias"] == "sonnet")["today"]["requests"] == 0

@@ -1,5 +1,6 @@
 // The status page: GET /v1/gateway/status (routes, breaker state, success rate, time to first event,
-// streams in flight, request outcomes and token totals from the metrics registry), redrawn every 2 s.
+// streams in flight, request outcomes and token totals from the metrics registry), redrawn every 2 s. With a
+// client key the document's scope is "key": the aliases it may use, their health, and its own usage today.
 
 const $ = (id) => document.getElementById(id);
 const TOKEN_TYPES = [
@@ -79,6 +80,38 @@ function aliasSection(alias) {
   return section;
 }
 
+function keyStateText(target) {
+  if (target.state === "unavailable") return `cooling down (${target.cooldown_remaining_s.toFixed(1)} s left)`;
+  if (target.state === "throttled") return `throttled (${target.throttled_remaining_s.toFixed(1)} s left)`;
+  return target.state;
+}
+
+function keyAliasSection(alias) {
+  // scope "key": no provider, no upstream model, nobody else's traffic — the alias's health and this key's usage
+  const section = el("section", null, { class: "panel alias", "data-alias": alias.alias, "data-state": alias.state });
+  const id = `alias-${alias.alias.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+  section.setAttribute("aria-labelledby", id);
+  section.append(el("h2", alias.alias, { id }));
+  section.append(el("p", `State: ${alias.state} · your requests today: ${alias.today.requests}`, { class: "help" }));
+  section.append(el("p", `Your tokens today: ${tokensText(alias.today.tokens)}`, { class: "help", "data-tokens": "" }));
+  const table = el("table");
+  table.append(el("caption", `Targets of ${alias.alias}`, { class: "visually-hidden" }));
+  const head = el("tr");
+  for (const title of ["Target", "State"]) head.append(el("th", title, { scope: "col" }));
+  const thead = el("thead");
+  thead.append(head);
+  table.append(thead);
+  const body = el("tbody");
+  alias.targets.forEach((target, i) => {
+    const row = el("tr", null, { "data-state": target.state });
+    row.append(el("th", `${i + 1}`, { scope: "row" }), el("td", keyStateText(target), { class: `state-${target.state}` }));
+    body.append(row);
+  });
+  table.append(body);
+  section.append(table);
+  return section;
+}
+
 async function refresh() {
   const headers = {};
   const key = $("key").value.trim();
@@ -87,12 +120,17 @@ async function refresh() {
     const response = await fetch("/v1/gateway/status", { headers });
     const body = await response.json();
     if (!response.ok) throw new Error(body.error ? `${body.error.type}: ${body.error.message}` : response.statusText);
+    const own = body.scope === "key";
     const totals = Object.fromEntries(TOKEN_TYPES.map(([key]) => [key, 0]));
-    for (const alias of body.aliases) for (const [key] of TOKEN_TYPES) totals[key] += alias.tokens[key] || 0;
+    for (const alias of body.aliases) {
+      const tokens = own ? alias.today.tokens : alias.tokens;
+      for (const [key] of TOKEN_TYPES) totals[key] += tokens[key] || 0;
+    }
+    $("totals-title").textContent = own ? `Your tokens today (key ${body.key}), all aliases` : "Tokens, all aliases";
     $("totals").replaceChildren(
       ...TOKEN_TYPES.flatMap(([key, label]) => [el("dt", label), el("dd", totals[key], { "data-total": key })]),
     );
-    $("aliases").replaceChildren(...body.aliases.map(aliasSection));
+    $("aliases").replaceChildren(...body.aliases.map(own ? keyAliasSection : aliasSection));
     $("status-error").hidden = true;
     const worker = body.worker && body.worker.workers > 1 ? ` · health from worker ${body.worker.pid} of ${body.worker.workers}` : "";
     $("updated").textContent = `Updated ${new Date().toLocaleTimeString()}${worker}`;
