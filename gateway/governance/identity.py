@@ -11,6 +11,13 @@ Keys issued at run time (``POST /v1/gateway/keys``) live in the ledger's store, 
 secret is shown once, when it is made. Every process reads them into memory (``IssuedKeys``) and polls the
 store's ``keys_version`` every ``POLL_S`` seconds, reading the keys again when it moved; so a key revoked through
 one replica is refused by every replica within ``POLL_S`` plus one query (the issuing process at once).
+
+An issued key is known by its ``id`` (``apikey_`` and 26 characters: the time it was issued, then 80 random bits,
+in Crockford's base32, so ids sort by issue time as the Admin API's ``apikey_01…`` ids look), given when it is
+issued and never changed: its limits' scope (``key:<id>``), its ledger rows and the reports' ``api_key_id``. Its
+``name`` is a label (``ClientKey.name``, shown in refusals), unique among the stored keys only: a name revoked
+may be issued again, and the new key starts with none of the old one's counters or history. A config key's id is
+its name (it has no other); so is the id of a key issued before schema version 4 (``gateway.governance.store``).
 """
 
 from __future__ import annotations
@@ -48,11 +55,13 @@ class Snapshot(Protocol):
     key_index: dict[bytes, ClientKey]
 
 
-__all__ = ["KEY_PREFIX", "POLL_S", "Identity", "IssuedKeys", "KeyRequest"]
+__all__ = ["ID_PREFIX", "KEY_PREFIX", "POLL_S", "Identity", "IssuedKeys", "KeyRequest", "new_key_id"]
 
 log = logging.getLogger("gateway")
 
 KEY_PREFIX = "sk-gw-"
+ID_PREFIX = "apikey_"
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 POLL_S = 1.0
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,127}")
 
@@ -66,6 +75,13 @@ class KeyRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_onl
     models: list[str] | None = None
     limits: LimitSettings | None = None
     expires_at: str | None = None  # RFC 3339
+
+
+def new_key_id(now_ms: int) -> str:
+    """``apikey_`` + the issue time (48 bits of milliseconds) and 80 random bits, as 26 Crockford base32 digits."""
+    value = (now_ms & (1 << 48) - 1) << 80 | secrets.randbits(80)
+    digits = [_CROCKFORD[value >> shift & 31] for shift in range(125, -1, -5)]
+    return ID_PREFIX + "".join(digits)
 
 
 def _epoch_ms(text: str) -> int:
@@ -89,6 +105,7 @@ def _client_key(record: IssuedKey, teams: Mapping[str, TeamSettings]) -> ClientK
         allowed = teams[record.team].models  # the team's aliases, unless the key names its own
     limits = None if record.limits is None else msgspec.convert(record.limits, LimitSettings)
     return ClientKey(
+        id=record.id,
         name=record.name,
         digest=bytes.fromhex(record.key_sha256),
         models=None if allowed is None else tuple(allowed),
@@ -129,7 +146,7 @@ class IssuedKeys:
             try:
                 by_digest[bytes.fromhex(record.key_sha256)] = _client_key(record, self._teams)
             except (ValueError, msgspec.ValidationError) as exc:  # a row this version cannot read: not a key
-                log.error("issued key %r is unreadable and refused: %s", record.name, exc)
+                log.error("issued key %s (%r) is unreadable and refused: %s", record.id, record.name, exc)
         self._by_digest = by_digest  # one assignment: a request sees the old set or the new one
 
     async def refresh(self) -> None:
@@ -154,9 +171,12 @@ class IssuedKeys:
             await asyncio.sleep(self._poll_s)
 
     async def issue(self, request: KeyRequest, settings: Settings, taken: set[str]) -> tuple[str, IssuedKey]:
-        """A new key for ``request``: its secret (shown once) and its stored record."""
+        """A new key for ``request``: its secret (shown once) and its stored record. ``taken``: the config keys'
+        names (their ids), which no issued key may be named or known by."""
         if not _NAME.fullmatch(request.name):
             raise InvalidRequest("name: 1 to 128 letters, digits and . _ @ -, starting with a letter or digit")
+        if request.name.startswith(ID_PREFIX):  # so a key's id and another key's name are never the same text
+            raise InvalidRequest(f"name: {ID_PREFIX!r} starts the keys' ids, not their names")
         if request.name in taken:
             raise InvalidRequest(f"name: {request.name!r} is a key of the config file")
         if request.team and settings.teams and request.team not in settings.teams:
@@ -172,7 +192,11 @@ class IssuedKeys:
             raise InvalidRequest("expires_at: in the past")
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
         limits = None if request.limits is None else msgspec.to_builtins(request.limits)
+        key_id = new_key_id(now_ms)
+        while key_id in taken:  # a config key named like an id: never in practice
+            key_id = new_key_id(now_ms)
         record = IssuedKey(
+            id=key_id,
             name=request.name,
             key_sha256=digest_of(secret).hex(),
             hint=f"{secret[:9]}…{secret[-4:]}",
@@ -193,14 +217,20 @@ class IssuedKeys:
         await self._refresh_now()
         return secret, record
 
-    async def revoke(self, name: str) -> bool:
+    async def revoke(self, ref: str) -> IssuedKey | None:
+        """Revoke the key whose id is ``ref``, or else the one named ``ref`` (a name is unique among the stored
+        keys, and no name looks like an id); the key revoked, ``None`` when there is none."""
+        records = await self.listed()
+        record = next((r for r in records if r.id == ref), None) or next((r for r in records if r.name == ref), None)
+        if record is None:
+            return None
         store = await self._ready()
         try:
-            deleted = await store.delete_key(name)
+            deleted = await store.delete_key(record.id)
         except StoreError as exc:
             raise StoreUnavailable(f"the key store cannot be written: {exc}") from exc
         await self._refresh_now()
-        return deleted
+        return record if deleted else None
 
     async def listed(self) -> list[IssuedKey]:
         """Every issued key, read from the store (the truth, not this process's copy)."""

@@ -37,9 +37,11 @@ def _digest(value: bytes) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class ClientKey:
-    """An inbound API key: its name (safe to log), the key itself or only its SHA-256 digest (never logged,
-    never in a repr), the alias patterns it may use (``None``: every alias), and the team and user its requests
-    are attributed to."""
+    """An inbound API key: its name (a label, safe to log), the key itself or only its SHA-256 digest (never
+    logged, never in a repr), the alias patterns it may use (``None``: every alias), and the team and user its
+    requests are attributed to. ``id``: what it is known by — its limits' scope, its ledger rows, the reports'
+    ``api_key_id``; an issued key's ``apikey_…`` (``gateway.governance.identity``), else (a config key, a JWT's
+    principal) its name."""
 
     name: str
     key: bytes = field(default=b"", repr=False)
@@ -49,10 +51,13 @@ class ClientKey:
     digest: bytes = field(default=b"", repr=False, compare=False)
     limits: LimitSettings | None = field(default=None, compare=False)
     expires: float | None = field(default=None, compare=False)  # epoch seconds (a key issued with an expiry)
+    id: str = ""  # "": the name
 
     def __post_init__(self) -> None:
         if not self.digest:
             object.__setattr__(self, "digest", _digest(self.key))
+        if not self.id:
+            object.__setattr__(self, "id", self.name)
 
     def allows(self, alias: str, model: str | None = None) -> bool:
         """Whether a pattern (``fnmatch`` glob, case-sensitive) matches ``alias`` or, when given, ``model``."""

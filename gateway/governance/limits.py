@@ -134,7 +134,7 @@ def budget_window(per: str, now: float, period_s: float | None = None) -> tuple[
     return f"{per}:{start.date().isoformat()}", end.timestamp()
 
 
-Rule = tuple[str, LimitSettings]  # (scope, limits): scope "key:<name>" or "team:<name>"
+Rule = tuple[str, LimitSettings]  # (scope, limits): scope "key:<key id>" or "team:<name>"
 
 
 Check = tuple[str, float]  # (counter, limit): admitted only while the counter is below the limit
@@ -353,10 +353,10 @@ class Limiter:
     @staticmethod
     def rules(settings: Settings, key: ClientKey | None) -> list[Rule]:
         out: list[Rule] = []
-        name = key.name if key is not None else ""
+        key_id = key.id if key is not None else ""  # the id, not the name: a name issued again starts afresh
         own = key.limits if key is not None and key.limits is not None else settings.limits
         if own is not None:
-            out.append((f"key:{name}", own))
+            out.append((f"key:{key_id}", own))
         if key is not None and key.team:
             team = settings.teams.get(key.team)
             if team is not None and team.limits is not None:

@@ -6,8 +6,15 @@ One narrow interface (``Store``): ``open`` (connect, create or migrate the schem
 after a failure that was in fact committed stores nothing twice), ``totals`` (token and cost sums per time
 bucket and chosen dimensions, for the usage and cost reports), ``prune`` (retention) and ``aclose``; and the
 keys issued at run time (``POST /v1/gateway/keys``), stored by their SHA-256 digest only: ``add_key`` (False when
-the name is taken), ``list_keys``, ``delete_key`` and ``keys_version`` — a number every change of the keys raises,
-in the change's own transaction, so a replica polls one integer to learn that it must read the keys again.
+the id, the name or the digest is taken), ``list_keys``, ``delete_key`` (by id) and ``keys_version`` — a number
+every change of the keys raises, in the change's own transaction, so a replica polls one integer to learn that it
+must read the keys again.
+
+An issued key's ``id`` is what it is known by (issue 31): its limits' scope, the ``key_name`` of its ledger rows
+(the column keeps its old name and holds the id) and the reports' ``api_key_id``; its ``name`` is a label, unique
+among the stored keys (a revoked key's row is deleted, so its name may be issued again, under a new id, with
+none of the old key's counters or history). Schema version 4 gives every stored key an id: a key issued before
+keeps its name as its id, which is what its ledger rows and counters already carry.
 
 Reads of the two kinds never queue behind each other or behind the writes (issue 31): the reports' aggregates
 (``totals``) run on connections of their own, in a pool of threads of their own, and the poll of the keys
@@ -87,8 +94,10 @@ class LedgerRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class IssuedKey(msgspec.Struct, frozen=True, kw_only=True):
-    """A key issued at run time, as stored: never the secret, only its SHA-256 digest (hex) and a hint."""
+    """A key issued at run time, as stored: never the secret, only its SHA-256 digest (hex) and a hint. ``id``:
+    immutable, what limits, the ledger and the reports know it by; ``name``: its label."""
 
+    id: str
     name: str
     key_sha256: str
     hint: str = ""  # the secret's first and last characters, to recognise it in a list
@@ -100,19 +109,31 @@ class IssuedKey(msgspec.Struct, frozen=True, kw_only=True):
     expires_ms: int | None = None
 
 
-_KEY_COLUMNS = ("name", "key_sha256", "hint", "team", "user_name", "models", "limits", "created_ms", "expires_ms")
+_KEY_COLUMNS = ("id", "name", "key_sha256", "hint", "team", "user_name", "models", "limits", "created_ms", "expires_ms")
 
 
 def _key_values(key: IssuedKey) -> tuple[Any, ...]:
     encode = msgspec.json.encode
     models = None if key.models is None else encode(key.models).decode()
     limits = None if key.limits is None else encode(key.limits).decode()
-    return (key.name, key.key_sha256, key.hint, key.team, key.user, models, limits, key.created_ms, key.expires_ms)
+    return (
+        key.id,
+        key.name,
+        key.key_sha256,
+        key.hint,
+        key.team,
+        key.user,
+        models,
+        limits,
+        key.created_ms,
+        key.expires_ms,
+    )
 
 
 def _issued(record: Sequence[Any]) -> IssuedKey:
-    name, digest, hint, team, user, models, limits, created, expires = record
+    key_id, name, digest, hint, team, user, models, limits, created, expires = record
     return IssuedKey(
+        id=key_id,
         name=name,
         key_sha256=digest,
         hint=hint,
@@ -181,7 +202,7 @@ class Store(Protocol):
 
     async def list_keys(self) -> list[IssuedKey]: ...
 
-    async def delete_key(self, name: str) -> bool: ...
+    async def delete_key(self, key_id: str) -> bool: ...
 
     async def keys_version(self) -> int: ...
 
@@ -199,7 +220,7 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self.rows: dict[str, LedgerRow] = {}
-        self.keys: dict[str, IssuedKey] = {}
+        self.keys: dict[str, IssuedKey] = {}  # by id
         self.version = 0
         self.fail: BaseException | None = None  # tests: the next writes raise this
         self.writes = 0
@@ -244,19 +265,19 @@ class MemoryStore:
 
     async def add_key(self, key: IssuedKey) -> bool:
         self._check()
-        if key.name in self.keys or any(k.key_sha256 == key.key_sha256 for k in self.keys.values()):
+        if key.id in self.keys or any(k.name == key.name or k.key_sha256 == key.key_sha256 for k in self.keys.values()):
             return False
-        self.keys[key.name] = key
+        self.keys[key.id] = key
         self.version += 1
         return True
 
     async def list_keys(self) -> list[IssuedKey]:
         self._check()
-        return sorted(self.keys.values(), key=lambda k: k.name)
+        return sorted(self.keys.values(), key=lambda k: k.id)
 
-    async def delete_key(self, name: str) -> bool:
+    async def delete_key(self, key_id: str) -> bool:
         self._check()
-        if self.keys.pop(name, None) is None:
+        if self.keys.pop(key_id, None) is None:
             return False
         self.version += 1
         return True
@@ -269,7 +290,7 @@ class MemoryStore:
         return None
 
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _TABLE = """CREATE TABLE requests (
     id {serial} PRIMARY KEY,
@@ -309,6 +330,22 @@ _KEYS_TABLE = """CREATE TABLE api_keys (
     expires_ms BIGINT
 )"""
 
+# version 4: the keys by an immutable id, the name a label (issue 31); a key issued before keeps its name as its id,
+# so its ledger rows and counters stay its own. (A new table: SQLite cannot change a primary key in place.)
+_KEYS_TABLE_4 = """CREATE TABLE api_keys_4 (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    key_sha256 TEXT NOT NULL UNIQUE,
+    hint TEXT NOT NULL,
+    team TEXT NOT NULL,
+    user_name TEXT NOT NULL,
+    models TEXT,
+    limits TEXT,
+    created_ms BIGINT NOT NULL,
+    expires_ms BIGINT
+)"""
+_OLD_KEY_COLUMNS = "name, key_sha256, hint, team, user_name, models, limits, created_ms, expires_ms"
+
 # version -> the statements that bring the schema from the version before to it
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (_TABLE, "CREATE INDEX requests_started_ms ON requests (started_ms)"),
@@ -319,10 +356,16 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     # a client key's report is always filtered to its key: its rows, not the whole window's (issue 31)
     3: ("CREATE INDEX IF NOT EXISTS requests_key_started ON requests (key_name, started_ms)",),
+    4: (
+        _KEYS_TABLE_4,
+        f"INSERT INTO api_keys_4 (id, {_OLD_KEY_COLUMNS}) SELECT name, {_OLD_KEY_COLUMNS} FROM api_keys",
+        "DROP TABLE api_keys",
+        "ALTER TABLE api_keys_4 RENAME TO api_keys",
+    ),
 }
 
 _KEY_INSERT = f"INSERT INTO api_keys ({', '.join(_KEY_COLUMNS)}) VALUES ({{marks}}) ON CONFLICT DO NOTHING"
-_KEY_SELECT = f"SELECT {', '.join(_KEY_COLUMNS)} FROM api_keys ORDER BY name"
+_KEY_SELECT = f"SELECT {', '.join(_KEY_COLUMNS)} FROM api_keys ORDER BY id"
 _KEY_BUMP = "UPDATE api_keys_version SET version = version + 1"  # the row lock orders concurrent changes
 
 _SQL_COLUMNS = tuple("user_name" if c == "user" else c for c in COLUMNS)  # `user` is reserved in PostgreSQL
@@ -516,9 +559,9 @@ class SqliteStore:
         sql = _KEY_INSERT.format(marks=", ".join("?" * len(_KEY_COLUMNS)))
         return await asyncio.get_running_loop().run_in_executor(self._writer, self._changed, sql, _key_values(key))
 
-    async def delete_key(self, name: str) -> bool:
-        sql = "DELETE FROM api_keys WHERE name = ?"
-        return await asyncio.get_running_loop().run_in_executor(self._writer, self._changed, sql, (name,))
+    async def delete_key(self, key_id: str) -> bool:
+        sql = "DELETE FROM api_keys WHERE id = ?"
+        return await asyncio.get_running_loop().run_in_executor(self._writer, self._changed, sql, (key_id,))
 
     def _keys_call(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
         with self._keys_lock:
@@ -680,8 +723,8 @@ class PostgresStore:
         records = await self._run(lambda conn: conn.fetch(_KEY_SELECT), self._keys, KEYS_TIMEOUT_S)
         return [_issued(tuple(r)) for r in records]
 
-    async def delete_key(self, name: str) -> bool:
-        return await self._changed("DELETE FROM api_keys WHERE name = $1", (name,))
+    async def delete_key(self, key_id: str) -> bool:
+        return await self._changed("DELETE FROM api_keys WHERE id = $1", (key_id,))
 
     async def keys_version(self) -> int:
         version = await self._run(

@@ -1,11 +1,14 @@
 """``/v1/gateway/keys``: keys issued at run time, for an admin key (``admin.keys``).
 
 ``POST`` makes one (``name``, and optionally ``team``, ``user``, ``models``, ``limits``, ``expires_at``) and
-answers ``201`` with its secret — the only time it is shown; ``GET`` lists them without secrets (``limit``,
-``after_id``: the Admin API's list shape); ``DELETE /v1/gateway/keys/{name}`` revokes one (every replica refuses it
-within ``gateway.governance.identity.POLL_S`` plus a query). The objects follow the Admin API's API key object (``type:
-api_key``, ``id``, ``name``, ``partial_key_hint``, ``status``, ``created_at``) with the gateway's attribution and
-limits beside. The logic lives in ``gateway.governance.identity``; this module is the HTTP shape only.
+answers ``201`` with its secret — the only time it is shown; ``GET`` lists them without secrets, by id (``limit``,
+``after_id``: the Admin API's list shape); ``DELETE /v1/gateway/keys/{id}`` revokes one (every replica refuses it
+within ``gateway.governance.identity.POLL_S`` plus a query): the key's ``id``, as the Admin API's paths take it, or
+its name (unique among the stored keys, and never of an id's shape), which scripts that revoked by name still send.
+The objects follow the Admin API's API key object (``type: api_key``; ``id``, immutable, ``apikey_…``: what the
+limits, the ledger and the reports' ``api_key_id`` know the key by; ``name``, a label; ``partial_key_hint``,
+``status``, ``created_at``) with the gateway's attribution and limits beside. The logic lives in
+``gateway.governance.identity``; this module is the HTTP shape only.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def key_object(record: IssuedKey, now_ms: int, secret: str | None = None) -> dic
     expired = record.expires_ms is not None and record.expires_ms <= now_ms
     out: dict[str, Any] = {
         "type": "api_key",
-        "id": record.name,
+        "id": record.id,
         "name": record.name,
         "partial_key_hint": record.hint,
         "status": "expired" if expired else "active",
@@ -128,7 +131,7 @@ async def list_keys(request: Request[Any, Any, Any]) -> Response[bytes]:
         return error_response(exc, rid)
     after = params.get("after_id")
     if after is not None:
-        records = [r for r in records if r.name > after]  # listed by name
+        records = [r for r in records if r.id > after]  # listed by id (so by issue time: ids begin with it)
     now_ms = int(time.time() * 1000)
     page = [key_object(r, now_ms) for r in records[:limit]]
     body = {
@@ -140,18 +143,20 @@ async def list_keys(request: Request[Any, Any, Any]) -> Response[bytes]:
     return _json(body, rid)
 
 
-@delete("/v1/gateway/keys/{name:str}", status_code=200)
-async def revoke_key(request: Request[Any, Any, Any], name: str) -> Response[bytes]:
+@delete("/v1/gateway/keys/{key_id:str}", status_code=200)
+async def revoke_key(request: Request[Any, Any, Any], key_id: str) -> Response[bytes]:
+    """``key_id``: the key's id, or its name."""
     rid = new_request_id()
     try:
         gw, issued = _issued(request)
-        if any(key.name == name for key in gw.runtime.keys):
-            raise InvalidRequest(f"{name!r} is a key of the config file: remove it there")
-        if not await issued.revoke(name):
-            raise NotFound(f"no issued key is named {name!r}")
+        if any(key.id == key_id for key in gw.runtime.keys):
+            raise InvalidRequest(f"{key_id!r} is a key of the config file: remove it there")
+        revoked = await issued.revoke(key_id)
+        if revoked is None:
+            raise NotFound(f"no issued key has the id or the name {key_id!r}")
     except GatewayError as exc:
         return error_response(exc, rid)
-    return _json({"type": "api_key_deleted", "id": name}, rid)
+    return _json({"type": "api_key_deleted", "id": revoked.id, "name": revoked.name}, rid)
 
 
 KEY_HANDLERS = [keys, revoke_key]

@@ -428,9 +428,9 @@ async def _principal(gw: Gateway, request: Request[Any, Any, Any], report: Repor
         _, key = await gw.identity.authenticate(runtime, request.headers)
         if key is None:  # an open gateway with admin keys: the reports are theirs
             raise PermissionDenied("the usage reports need an admin key (admin.keys)")
-        own = {**report.query.filters, "key_name": (key.name,)}  # a client key reads its own usage only
+        own = {**report.query.filters, "key_name": (key.id,)}  # a client key reads its own usage only (by id)
         report = msgspec.structs.replace(report, query=msgspec.structs.replace(report.query, filters=own))
-        return report, f"key:{key.name}", f"API key {key.name!r}"
+        return report, f"key:{key.id}", f"API key {key.name!r}"
     host = request.client.host if request.client is not None else ""
     return report, f"open:{host}", f"the address {host}"  # an open gateway: the caller's address
 

@@ -116,7 +116,7 @@ async def _own_usage(gw: Gateway, key: ClientKey) -> dict[str, dict[str, Any]]:
     now_ms = int(time.time() * 1000)
     start = now_ms - now_ms % _DAY_MS
     query = UsageQuery(
-        start_ms=start, end_ms=now_ms + 1, bucket_ms=_DAY_MS, group_by=("alias",), filters={"key_name": (key.name,)}
+        start_ms=start, end_ms=now_ms + 1, bucket_ms=_DAY_MS, group_by=("alias",), filters={"key_name": (key.id,)}
     )
     await gw.ledger.flush()
     try:

@@ -132,7 +132,7 @@ class UsageTally:
             upstream_request_id=self.upstream_request_id,
             method=context.method,
             path=context.path,
-            key_name=key.name if key is not None else "",
+            key_name=key.id if key is not None else "",  # the key's id: its ledger rows, metrics and access line
             team=key.team if key is not None else "",
             user=key.user if key is not None else "",
             session_id=context.session_id,

@@ -165,3 +165,8 @@ models:
         assert admin["aliases"][0]["requests"] == {"completed": 4}
         assert admin["aliases"][0]["targets"][0]["provider"] == "secret-provider"
         assert httpx.get(f"{gw.url}/v1/gateway/status").status_code == 401
+        issued = httpx.post(f"{gw.url}/v1/gateway/keys", json={"name": "carol"}, headers={"x-api-key": "sk-admin"})
+        carol = {"x-api-key": issued.json()["key"]}  # an issued key: its ledger rows carry its id, not its name
+        assert httpx.post(f"{gw.url}/v1/messages", json={"model": "sonnet", **KW}, headers=carol).status_code == 200
+        doc = httpx.get(f"{gw.url}/v1/gateway/status", headers=carol).json()
+        assert doc["key"] == "carol" and doc["aliases"][0]["today"]["requests"] == 1

@@ -52,19 +52,21 @@ def test_an_issued_key_is_shown_once_used_limited_listed_and_revoked(
         issued = made.json()
         secret = issued.pop("key")
         assert secret.startswith("sk-gw-") and issued["partial_key_hint"].endswith(secret[-4:])
-        assert (issued["type"], issued["id"], issued["team"], issued["user"], issued["status"]) == (
+        assert (issued["type"], issued["name"], issued["team"], issued["user"], issued["status"]) == (
             "api_key",
             "dev-1",
             "pay",
             "bob",
             "active",
         )
+        key_id = issued["id"]  # its own, immutable: the name is a label (issue 31)
+        assert key_id.startswith("apikey_") and len(key_id) == 33
         client = anthropic.Anthropic(api_key=secret, base_url=gw.url, max_retries=0)
         if time.time() % 60 > 55:
             time.sleep(61 - time.time() % 60)
         reply = client.messages.with_raw_response.create(model="fake-text", **KW)
         assert reply.headers["anthropic-ratelimit-requests-limit"] == "2"  # its own limits
-        assert access_lines(caplog, reply.headers["request-id"])[0]["key"] == "dev-1"
+        assert access_lines(caplog, reply.headers["request-id"])[0]["key"] == key_id
         with pytest.raises(anthropic.PermissionDeniedError):  # its team's models
             client.messages.create(model="claude-other", **KW)
         client.messages.create(model="fake-text", **KW)
@@ -72,16 +74,18 @@ def test_an_issued_key_is_shown_once_used_limited_listed_and_revoked(
             client.messages.create(model="fake-text", **KW)
         listed = httpx.get(url, headers=ADMIN)
         assert listed.status_code == 200 and secret not in listed.text and secret[6:] not in listed.text
-        assert [k["id"] for k in listed.json()["data"]] == ["dev-1"] and "key" not in listed.json()["data"][0]
+        assert [(k["id"], k["name"]) for k in listed.json()["data"]] == [(key_id, "dev-1")]
+        assert "key" not in listed.json()["data"][0]
         assert httpx.post(url, json={"name": "dev-1"}, headers=ADMIN).status_code == 400  # the name is taken
         assert httpx.post(url, content=b"{", headers=ADMIN).json()["error"]["type"] == "invalid_request_error"
         assert httpx.post(url, json={"name": "x", "colour": "red"}, headers=ADMIN).status_code == 400
         assert httpx.delete(f"{url}/ci", headers=ADMIN).status_code == 400  # a config key: remove it in the file
-        gone = httpx.delete(f"{url}/dev-1", headers=ADMIN)
-        assert gone.status_code == 200 and gone.json() == {"type": "api_key_deleted", "id": "dev-1"}
+        gone = httpx.delete(f"{url}/{key_id}", headers=ADMIN)
+        assert gone.status_code == 200 and gone.json() == {"type": "api_key_deleted", "id": key_id, "name": "dev-1"}
         with pytest.raises(anthropic.AuthenticationError) as info:
             client.messages.create(model="fake-text", **KW)
         assert info.value.response.headers["x-should-retry"] == "false"
+        assert httpx.delete(f"{url}/{key_id}", headers=ADMIN).status_code == 404
         assert httpx.delete(f"{url}/dev-1", headers=ADMIN).status_code == 404
 
 

@@ -84,9 +84,11 @@ def test_package_data_ships_every_web_file() -> None:
         assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), name
 
 
-def test_status_totals_equal_the_metrics(fake_claude: FakeClaudeAPI) -> None:
-    """The gateway-wide totals (an admin key's scope) equal the metrics; a client key's scope is its own usage."""
-    with run_gateway(claude_config(fake_claude.base_url) + "admin: {keys: [gw-admin]}\n") as gw:
+def test_status_totals_equal_the_metrics(fake_claude: FakeClaudeAPI, tmp_path: Path) -> None:
+    """The gateway-wide totals (an admin key's scope) equal the metrics; a client key's scope is its own usage
+    (its own ledger: the default file is shared by every gateway of the test process)."""
+    extra = f'admin: {{keys: [gw-admin]}}\nstore: {{url: "sqlite:///{tmp_path}/ledger.db"}}\n'
+    with run_gateway(claude_config(fake_claude.base_url) + extra) as gw:
         key = {"x-api-key": "gw-key-1"}
         for _ in range(2):
             body = {

@@ -328,7 +328,7 @@ providers:
         late = post(gw.url, "fake-text", key)
         assert late.status_code == 401 and "has expired" in late.json()["error"]["message"]
         listed = httpx.get(f"{gw.url}/v1/gateway/keys", headers=admin).json()["data"]
-        assert [(k["id"], k["status"]) for k in listed] == [("short-lived", "expired")]
+        assert [(k["name"], k["status"]) for k in listed] == [("short-lived", "expired")]
 
 
 # --- the breaker: cooldown and probe ----------------------------------------------------------------------------

@@ -5,11 +5,12 @@ sees a revocation at its next poll."""
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
 
-from gateway.governance.identity import KEY_PREFIX, Identity, IssuedKeys, KeyRequest
+from gateway.governance.identity import ID_PREFIX, KEY_PREFIX, Identity, IssuedKeys, KeyRequest, new_key_id
 from gateway.governance.keys import build_keys, digest_of
 from gateway.governance.store import MemoryStore, Store
 from gateway.settings import LimitSettings, Settings, parse_settings
@@ -86,6 +87,7 @@ def test_an_issued_key_works_at_once_carries_its_attribution_and_is_stored_as_a_
         ({"name": "a b"}, "name: 1 to 128"),
         ({"name": "jwt:alice"}, "name: 1 to 128"),
         ({"name": "x" * 129}, "name: 1 to 128"),
+        ({"name": "apikey_01AAAA"}, "starts the keys' ids"),  # a name never looks like an id
         ({"name": "a", "team": "nope"}, "not one of the config's teams"),
         ({"name": "a", "expires_at": "2020-01-01T00:00:00Z"}, "in the past"),
         ({"name": "a", "expires_at": "tomorrow"}, "RFC 3339"),
@@ -122,7 +124,7 @@ def test_an_expired_key_is_refused_at_once() -> None:
     assert auth(identity, snapshot, secret).expires == record.expires_ms / 1000  # type: ignore[operator]
     import msgspec
 
-    store.keys["short"] = msgspec.structs.replace(record, expires_ms=int(clock.time() * 1000) - 1)
+    store.keys[record.id] = msgspec.structs.replace(record, expires_ms=int(clock.time() * 1000) - 1)
     store.version += 1
     asyncio.run(issued.refresh())
     with pytest.raises(AuthenticationError, match="'short' has expired"):
@@ -166,3 +168,66 @@ def test_an_open_gateway_checks_nothing() -> None:
     snapshot, _, identity, _ = setup("auth: {open: true}")
     sent, key = asyncio.run(identity.authenticate(snapshot, {"x-api-key": "anything"}))  # type: ignore[arg-type]
     assert key is None and sent == {"x-api-key": "anything"}
+
+
+_ID = re.compile(r"apikey_[0-9A-HJKMNP-TV-Z]{26}")  # Crockford's base32: no I, L, O, U
+
+
+def test_an_issued_key_is_known_by_an_id_of_its_own_and_config_keys_by_their_names() -> None:
+    """Issue 31: the id is given at issue, stored with the key and carried by its ``ClientKey`` (what the limits,
+    the ledger and the reports use); the name is the label. A config key (or a JWT's principal) has its name."""
+    snapshot, issued, identity, store = setup()
+    secret, record = asyncio.run(issued.issue(KeyRequest(name="dev-1"), snapshot.settings, {"ci", "key-2"}))
+    assert _ID.fullmatch(record.id) and record.name == "dev-1" and list(store.keys) == [record.id]
+    key = auth(identity, snapshot, secret)
+    assert (key.id, key.name) == (record.id, "dev-1")
+    assert [(k.id, k.name) for k in snapshot.keys] == [("ci", "ci"), ("key-2", "key-2")]
+
+
+def test_ids_are_unique_and_sort_by_the_time_they_were_issued() -> None:
+    ids = [new_key_id(ms) for ms in (1_700_000_000_000, 1_700_000_000_001, 1_800_000_000_000) for _ in range(50)]
+    assert len(set(ids)) == len(ids) and all(_ID.fullmatch(i) for i in ids)
+    assert [i[: len(ID_PREFIX) + 10] for i in ids] == sorted(i[: len(ID_PREFIX) + 10] for i in ids)
+    assert ids[0][len(ID_PREFIX) :].startswith("01H")  # 2023: the shape of the Admin API's apikey_01… ids
+
+
+def test_a_name_issued_again_after_revocation_is_a_new_key_with_fresh_limits() -> None:
+    """The old holder of ``dev-1`` used its 2 a minute; revoked and issued again, ``dev-1`` is another id, so
+    another limits scope: its requests pass (before, both were ``key:dev-1``, and the newcomer was refused)."""
+    from gateway.governance.limits import Limiter, RateLimited
+
+    snapshot, issued, identity, _ = setup()
+    limiter = Limiter(lambda: 1_800_000_030.0)
+    two = LimitSettings(requests_per_minute=2)
+
+    def admit(secret: str) -> None:
+        asyncio.run(limiter.admit(snapshot.settings, auth(identity, snapshot, secret)))
+
+    old, first = asyncio.run(issued.issue(KeyRequest(name="dev-1", limits=two), snapshot.settings, set()))
+    admit(old)
+    admit(old)
+    with pytest.raises(RateLimited):
+        admit(old)
+    assert asyncio.run(issued.revoke("dev-1"))  # by its name
+    new, second = asyncio.run(issued.issue(KeyRequest(name="dev-1", limits=two), snapshot.settings, set()))
+    admit(new)
+    admit(new)  # the newcomer's own two
+    with pytest.raises(RateLimited):
+        admit(new)
+    assert second.id != first.id and second.name == first.name
+    assert [scope for scope, _ in Limiter.rules(snapshot.settings, auth(identity, snapshot, new))] == [
+        f"key:{second.id}"
+    ]
+
+
+def test_revoke_takes_the_id_or_the_name() -> None:
+    snapshot, issued, identity, _ = setup()
+    secret, record = asyncio.run(issued.issue(KeyRequest(name="svc"), snapshot.settings, {"ci", "key-2"}))
+    other, kept = asyncio.run(issued.issue(KeyRequest(name="kept"), snapshot.settings, {"ci", "key-2"}))
+    assert asyncio.run(issued.revoke("apikey_nothing")) is None and asyncio.run(issued.revoke("key-2")) is None
+    assert asyncio.run(issued.revoke(record.id)) == record
+    assert asyncio.run(issued.revoke(record.id)) is None and asyncio.run(issued.revoke("svc")) is None
+    with pytest.raises(AuthenticationError):
+        auth(identity, snapshot, secret)
+    assert auth(identity, snapshot, other).id == kept.id
+    assert [r.id for r in asyncio.run(issued.listed())] == [kept.id]

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from gateway.governance.store import (
@@ -199,8 +200,10 @@ def test_a_query_refuses_unknown_dimensions() -> None:
         UsageQuery(start_ms=0, end_ms=1, bucket_ms=1, group_by=("request_id; DROP TABLE requests",))
 
 
-def issued(name: str, digest: str, **fields: Any) -> IssuedKey:
-    return IssuedKey(name=name, key_sha256=digest, hint="sk-gw-…abcd", created_ms=T0, **fields)
+def issued(name: str, digest: str, key_id: str | None = None, **fields: Any) -> IssuedKey:
+    return IssuedKey(
+        id=key_id or f"apikey_{name}", name=name, key_sha256=digest, hint="sk-gw-…abcd", created_ms=T0, **fields
+    )
 
 
 def test_issued_keys_are_added_listed_and_deleted_and_each_change_raises_the_version(store_url: str) -> None:
@@ -217,13 +220,34 @@ def test_issued_keys_are_added_listed_and_deleted_and_each_change_raises_the_ver
         )
         assert await store.add_key(alice)
         assert await store.add_key(issued("bob", "b" * 64))
-        assert not await store.add_key(issued("alice", "c" * 64))  # the name is taken
+        assert not await store.add_key(issued("alice", "c" * 64, "apikey_other"))  # the name is taken
         assert not await store.add_key(issued("carol", "a" * 64))  # so is the digest
         assert await store.keys_version() == 2
         listed = await store.list_keys()
         assert [k.name for k in listed] == ["alice", "bob"] and listed[0] == alice
-        assert await store.delete_key("alice") and not await store.delete_key("alice")
+        assert not await store.delete_key("alice")  # by id, not by name
+        assert await store.delete_key("apikey_alice") and not await store.delete_key("apikey_alice")
         assert [k.name for k in await store.list_keys()] == ["bob"] and await store.keys_version() == 3
+
+    run(open_store(store_url), work)
+
+
+def test_a_key_is_known_by_its_id_and_its_name_may_be_issued_again_once_it_is_revoked(store_url: str) -> None:
+    """Issue 31: the name is a label, unique among the stored keys; the id is unique for good and the key's row
+    is deleted by it. A name revoked and issued again is a new key under a new id."""
+
+    async def work(store: Store) -> None:
+        first = issued("dev-1", "a" * 64, "apikey_01AAAA")
+        assert await store.add_key(first)
+        assert not await store.add_key(issued("dev-1", "b" * 64, "apikey_01BBBB"))  # the name, while it is stored
+        assert not await store.add_key(issued("dev-2", "c" * 64, "apikey_01AAAA"))  # the id, always
+        assert await store.delete_key("apikey_01AAAA")
+        second = issued("dev-1", "b" * 64, "apikey_01BBBB")
+        assert await store.add_key(second)
+        assert await store.list_keys() == [second]
+        assert not await store.delete_key("apikey_01AAAA") and not await store.delete_key("dev-1")
+        assert await store.add_key(issued("dev-0", "d" * 64, "apikey_01ZZZZ"))
+        assert [k.id for k in await store.list_keys()] == ["apikey_01BBBB", "apikey_01ZZZZ"]  # listed by id
 
     run(open_store(store_url), work)
 
@@ -332,3 +356,81 @@ def test_a_keys_poll_that_takes_too_long_is_interrupted_and_the_next_one_answers
 
     given_up, next_poll = run(open_store(f"sqlite:///{tmp_path}/ledger.db"), work)
     assert KEYS_TIMEOUT_S <= given_up < KEYS_TIMEOUT_S + 0.5 and next_poll < 0.2, (given_up, next_poll)
+
+
+_V3_KEY = (
+    "INSERT INTO api_keys (name, key_sha256, hint, team, user_name, models, limits, created_ms, expires_ms)"
+    " VALUES ('dev-1', '{digest}', 'sk-gw-…abcd', 'pay', 'bob', '[\"sonnet\"]', '{limits}', {t0}, NULL)"
+).format(digest="e" * 64, limits='{"requests_per_minute": 2}', t0=T0)
+
+
+def version_3_ledger(store_url: str) -> None:
+    """A ledger as a version-3 gateway left it: keys known by their names, one issued key ``dev-1`` and a row of
+    its usage (``key_name`` its name)."""
+    from gateway.governance import store as store_module
+
+    statements = [
+        "CREATE TABLE schema_version (version INTEGER NOT NULL)",
+        *(s for v in (1, 2, 3) for s in store_module._MIGRATIONS[v]),
+        "INSERT INTO schema_version VALUES (1), (2), (3)",
+    ]
+    values = msgspec.structs.astuple(row(0, key_name="dev-1"))
+    columns = ", ".join("user_name" if c == "user" else c for c in LedgerRow.__struct_fields__)
+    if store_url.startswith("sqlite:///"):
+        db = sqlite3.connect(store_url[len("sqlite:///") :])
+        for statement in statements:
+            db.execute(statement.format(serial="INTEGER"))
+        db.execute(_V3_KEY)
+        db.execute(f"INSERT INTO requests ({columns}) VALUES ({', '.join('?' * len(values))})", values)
+        db.commit()
+        db.close()
+        return
+
+    async def postgres() -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(store_url)
+        for statement in statements:
+            await conn.execute(statement.format(serial="BIGSERIAL"))
+        await conn.execute(_V3_KEY)
+        marks = ", ".join(f"${i}" for i in range(1, len(values) + 1))
+        await conn.execute(f"INSERT INTO requests ({columns}) VALUES ({marks})", *values)
+        await conn.close()
+
+    asyncio.run(postgres())
+
+
+@pytest.mark.parametrize("store_url", ["sqlite", "postgresql"], indirect=True)
+def test_a_version_3_ledger_gives_its_keys_their_names_as_ids_so_their_history_stays_theirs(store_url: str) -> None:
+    """Schema 4 (issue 31): a key issued before it keeps its name as its id — the ``key_name`` its ledger rows and
+    its limits' counters already carry — with every other field; the name is unique among stored keys, the id
+    for good, and a key issued after has an id of its own."""
+    version_3_ledger(store_url)
+
+    async def work(store: Store) -> Any:
+        keys = await store.list_keys()
+        refused = await store.add_key(issued("dev-1", "f" * 64, "apikey_01NEW"))  # its name is still stored
+        added = await store.add_key(issued("dev-2", "f" * 64, "apikey_01NEW"))
+        query = UsageQuery(start_ms=T0, end_ms=T0 + HOUR, bucket_ms=HOUR, filters={"key_name": (keys[0].id,)})
+        totals = await store.totals(query)
+        deleted = await store.delete_key("dev-1")
+        return keys, refused, added, totals, deleted, await store.list_keys(), await store.keys_version()
+
+    keys, refused, added, totals, deleted, after, version = run(open_store(store_url), work)
+    assert keys == [
+        IssuedKey(
+            id="dev-1",
+            name="dev-1",
+            key_sha256="e" * 64,
+            hint="sk-gw-…abcd",
+            team="pay",
+            user="bob",
+            models=["sonnet"],
+            limits={"requests_per_minute": 2},
+            created_ms=T0,
+        )
+    ]
+    assert not refused and added and [t.requests for t in totals] == [1] and deleted
+    assert [(k.id, k.name) for k in after] == [("apikey_01NEW", "dev-2")]
+    assert version == 2  # the add and the delete (the migration changed no key)
+    run(open_store(store_url), lambda store: store.write([]))  # a restart finds schema 4 and changes nothing
