@@ -17,10 +17,12 @@ from gateway.settings import (
 )
 from gateway.wire.upstream import HttpClient
 
+from ._http import HttpAdapter
 from .base import Adapter
 from .bedrock import BedrockAdapter, BedrockConverseAdapter
 from .claude import ClaudeAdapter, claude_aws_adapter, foundry_adapter, mantle_adapter
 from .mock import MockAdapter
+from .profiles import profile_for
 from .vertex import VertexAdapter
 
 __all__ = ["Adapter", "build_adapter"]
@@ -31,6 +33,19 @@ def build_adapter(
 ) -> Adapter:
     """``on_usage_mismatch(provider)``: called when a Bedrock stream's own usage and its invocation metrics
     disagree (the metrics layer counts it; adapters know nothing of metrics)."""
+    adapter = _build(name, config, client, on_usage_mismatch)
+    if isinstance(adapter, HttpAdapter):  # what its provider accepts of a request (adapters/profiles.py)
+        tag = str(type(config).__struct_config__.tag)  # the config's `kind`
+        kind = "bedrock_converse" if isinstance(config, BedrockProvider) and config.api == "converse" else tag
+        adapter.profile = profile_for(
+            kind, allow=config.betas.allow, drop=config.betas.drop, drop_fields=config.drop_fields
+        )
+    return adapter
+
+
+def _build(
+    name: str, config: ProviderConfig, client: HttpClient, on_usage_mismatch: Callable[[str], None] | None
+) -> Adapter:
     mismatch = partial(on_usage_mismatch, name) if on_usage_mismatch is not None else None
     match config:
         case AnthropicProvider():

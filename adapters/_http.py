@@ -19,6 +19,7 @@ from gateway.wire.request import ProxyRequest
 from gateway.wire.upstream import MAX_ERROR_BYTES, BodyTooLarge, HttpClient, Timeouts, UpstreamResponse
 
 from .base import EventStream, JsonReply, SseEventStream, checked, raise_for_upstream
+from .profiles import FIRST_PARTY, Profile
 
 __all__ = [
     "ACCEPT_JSON",
@@ -144,6 +145,7 @@ class HttpAdapter:
         self._timeouts = timeouts
         self.auth = auth or Auth()
         self._check = check or raise_for_upstream
+        self.profile: Profile = FIRST_PARTY  # what the provider accepts (set from its config: adapters.build_adapter)
 
     async def prepare(self, request: ProxyRequest, model: str, operation: Operation) -> Prepared:
         raise NotImplementedError  # pragma: no cover - every provider prepares its own requests

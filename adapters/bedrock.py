@@ -34,6 +34,7 @@ from ._bedrock_stream import (
 from ._converse import ConverseUnsupported, from_converse_response, to_converse
 from ._http import ACCEPT_JSON, HttpAdapter, Operation, Prepared, base_headers
 from .base import EventStream, JsonReply, read_answer, url_model
+from .profiles import filter_request
 
 __all__ = ["BEDROCK_ERRORS", "STREAM_EXCEPTIONS", "BedrockAdapter", "BedrockConverseAdapter", "bedrock_error"]
 
@@ -86,15 +87,15 @@ class BedrockAdapter(HttpAdapter):
         """The InvokeModel body: the client's, minus ``model``/``stream``, plus Bedrock's version and betas. The betas
         are the ``anthropic-beta`` header's (what ``server.forward_headers`` lets through), never a client's own
         ``anthropic_beta`` body field: without betas in the header the field is dropped."""
-        changes: dict[str, Any] = {"anthropic_version": self._config.anthropic_version}
-        betas = request.betas()
+        kept = filter_request(self.profile, request)  # what Bedrock takes of the request (adapters/profiles.py)
+        changes: dict[str, Any] = {**kept.set, "anthropic_version": self._config.anthropic_version}
+        betas = kept.betas
         if betas:
             changes["anthropic_beta"] = betas
         if extra:
             changes.update(extra)
-        return request.body_with(
-            set=changes, drop=("model", "stream") if betas else ("model", "stream", "anthropic_beta")
-        )
+        drop = ("model", "stream", *kept.drop) if betas else ("model", "stream", "anthropic_beta", *kept.drop)
+        return request.body_with(set=changes, drop=drop)
 
     def count_input(self, request: ProxyRequest) -> dict[str, Any]:
         extra = None if "max_tokens" in request.fields() else {"max_tokens": 1}  # InvokeModel requires it
@@ -132,8 +133,13 @@ class BedrockConverseAdapter(BedrockAdapter):
     }
 
     def body(self, request: ProxyRequest, *, extra: dict[str, Any] | None = None) -> bytes:
+        kept = filter_request(self.profile, request)
+        body = request.json()
+        for name in kept.drop:
+            body.pop(name, None)
+        body.update(kept.set)
         try:
-            return _encode(to_converse(request.json(), betas=request.betas() or None))
+            return _encode(to_converse(body, betas=kept.betas or None))
         except ConverseUnsupported as exc:
             raise InvalidRequest(f"{exc} (provider {self.name!r} speaks Bedrock Converse)") from exc
 

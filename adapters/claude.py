@@ -13,6 +13,7 @@ from gateway.wire.upstream import HttpClient, Timeouts
 
 from ._aws import aws_auth, aws_region, bedrock_api_key
 from ._http import USER_AGENT, Auth, BearerAuth, ClientKeyAuth, HeaderAuth, HttpAdapter, Operation, Prepared
+from .profiles import filter_request
 
 __all__ = [
     "DEFAULT_VERSION",
@@ -81,8 +82,18 @@ class ClaudeAdapter(HttpAdapter):
         url = self._count_url if operation is Operation.COUNT else self._messages_url
         if request.beta:
             url += "?beta=true"
-        body = request.body if model == request.model else request.body_with(set={"model": model})
-        return Prepared(url, body, self.headers(request, stream=operation is Operation.STREAM))
+        headers = self.headers(request, stream=operation is Operation.STREAM)
+        profile = self.profile
+        if profile.passthrough:  # the first party (and Foundry): everything as it came
+            request.dropped = ()
+            body = request.body if model == request.model else request.body_with(set={"model": model})
+            return Prepared(url, body, headers)
+        kept = filter_request(profile, request)  # Bedrock Mantle, or an operator's override (adapters/profiles.py)
+        headers.pop("anthropic-beta", None)
+        if kept.header:
+            headers["anthropic-beta"] = kept.header
+        body = request.body_with(set={**kept.set, "model": model}, drop=kept.drop)
+        return Prepared(url, body, headers)
 
 
 def mantle_adapter(name: str, config: BedrockMantleProvider, client: HttpClient) -> ClaudeAdapter:

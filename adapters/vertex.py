@@ -21,6 +21,7 @@ from gateway.wire.upstream import HttpClient, Timeouts, UpstreamResponse
 from ._google import GoogleCredentialsUnavailable, GoogleTokenSource
 from ._http import ACCEPT_JSON, BearerAuth, HttpAdapter, Operation, Prepared, base_headers
 from .base import SseEventStream, url_model
+from .profiles import filter_request
 
 __all__ = ["VertexAdapter", "vertex_base_url"]
 
@@ -88,16 +89,17 @@ class VertexAdapter(HttpAdapter):
         if not self.tokens.project:
             await self.tokens.token()  # the project may come with the credentials: loaded with the first token
         version = self._config.anthropic_version
+        kept = filter_request(self.profile, request)  # what Vertex takes of the request (adapters/profiles.py)
         if operation is Operation.COUNT:
             url_model(model)  # in the body here, but a Vertex model id all the same: the same names are refused
             url = self.url("count-tokens", "rawPredict")
-            body = request.body_with(set={"anthropic_version": version, "model": model})
+            body = request.body_with(set={**kept.set, "anthropic_version": version, "model": model}, drop=kept.drop)
         else:
             url = self.url(model, "streamRawPredict" if operation is Operation.STREAM else "rawPredict")
-            body = request.body_with(set={"anthropic_version": version}, drop=("model",))
+            body = request.body_with(set={**kept.set, "anthropic_version": version}, drop=("model", *kept.drop))
         headers = base_headers("text/event-stream" if operation is Operation.STREAM else ACCEPT_JSON)
-        if request.anthropic_beta:
-            headers["anthropic-beta"] = request.anthropic_beta
+        if kept.header:
+            headers["anthropic-beta"] = kept.header
         return Prepared(url, body, headers)
 
     def events(self, resp: UpstreamResponse, request: ProxyRequest, model: str) -> VertexEventStream:

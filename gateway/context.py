@@ -40,6 +40,7 @@ class RequestContext:
         "cancel_outcome",
         "count",
         "deadline",
+        "dropped",
         "key",
         "last_chunk",
         "lease",
@@ -79,6 +80,7 @@ class RequestContext:
         self.deadline: float | None = None
         self.attempts = 0  # upstream attempts made so far
         self.stream = False  # the client asked for a stream
+        self.dropped: tuple[str, ...] = ()  # what the serving attempt's provider was not sent (adapters.profiles)
         self.count = False  # a token count (Messages' count_tokens, a surface's count-tokens call): spends nothing
         self.lease: Lease | None = None  # the request's hold on its rate limits and budgets (gateway.governance.limits)
         self.response_headers: dict[str, str] = {}  # the gateway's own headers for the response (a clamp…)

@@ -291,9 +291,20 @@ class AdminSettings(_Strict, frozen=True, kw_only=True):
                 raise ValueError(f"admin.keys entry {position} is empty or white space (an unset variable?)")
 
 
+class BetaOverride(_Strict, frozen=True, kw_only=True):
+    """An operator's change to a provider's beta profile (``adapters/profiles.py``): ``allow`` beta names (or
+    their families, the names without the date) the gateway does not yet know the provider takes; ``drop`` ones it
+    should not be sent (on the first party too)."""
+
+    allow: list[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]] = []
+    drop: list[Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]] = []
+
+
 class _Provider(_Strict, tag_field="kind", frozen=True, kw_only=True):
     connect_timeout_s: PositiveFloat = 10.0
     read_timeout_s: PositiveFloat = 600.0
+    betas: BetaOverride = BetaOverride()  # the provider's beta profile, changed (adapters/profiles.py)
+    drop_fields: list[str] = []  # top-level body fields this provider is never sent
 
 
 class AnthropicProvider(_Provider, tag="anthropic", frozen=True, kw_only=True):

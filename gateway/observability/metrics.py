@@ -113,6 +113,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.dropped_features = Counter(
+            "gateway_dropped_features",
+            "Betas (beta:<name>) and body fields (field:<name>, tool_field:<name>) a request's provider was not sent "
+            "because it does not take them (adapters/profiles.py), by provider.",
+            ["provider", "feature"],
+            registry=r,
+        )
         self.client_ids_dropped = Counter(
             "gateway_client_ids_dropped",
             "x-claude-code-session-id and x-claude-code-agent-id values dropped at the edge (not 1-128 printable "

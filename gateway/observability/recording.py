@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from adapters.profiles import metric_feature
 from gateway.governance.store import LedgerRow
 from gateway.wire.events import Usage
 from gateway.wire.usage_fold import total_tokens
@@ -143,6 +144,7 @@ class Finished(msgspec.Struct, kw_only=True):
     duration: float  # seconds
     attempts: int
     timed: bool  # observe the latency histograms (not for a token count)
+    dropped: tuple[str, ...] = ()  # betas and fields the serving provider was not sent (adapters.profiles)
     lease: Any = None  # its hold on rate limits and budgets (gateway.governance.limits.Lease), settled by LimiterSink
 
 
@@ -166,6 +168,8 @@ class MetricsSink:
             timed=finished.timed,
             cost=finished.cost_usd,
         )
+        for feature in finished.dropped:
+            self._metrics.dropped_features.labels(finished.provider, metric_feature(feature)).inc()
 
 
 class LimiterSink:
@@ -227,6 +231,7 @@ def access_line(
     usage: Usage | None = None,
     attempts: int = 0,
     key: str = "",
+    dropped: tuple[str, ...] = (),
 ) -> str:
     """One request as one JSON object, the same keys for every route: no prompt text, no keys (``key`` is the
     name of the client key that authenticated the request, "" for none), nothing from the client but its model
@@ -253,6 +258,7 @@ def access_line(
             "attempts": attempts,
             "session_id": session_id,
             "agent_id": agent_id,
+            "dropped": list(dropped),
         }
     ).decode()
 
@@ -279,6 +285,7 @@ class AccessLogSink:
                     usage=f.usage,
                     attempts=f.attempts,
                     key=f.key_name,
+                    dropped=f.dropped,
                 ),
             )
 

@@ -151,5 +151,6 @@ class UsageTally:
             duration=self._clock() - self.started,
             attempts=context.attempts,
             timed=self.timed,
+            dropped=context.dropped,
             lease=context.lease,
         )

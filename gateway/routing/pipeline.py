@@ -150,6 +150,7 @@ async def _attempts(
             raise
         finally:
             health.release(lease)
+            tally.context.dropped = request.dropped  # what this attempt's provider was not sent
         waited = res.clock() - started
         tally.upstream_wait = waited
         health.record_success(res.clock(), ttft_s=waited)

@@ -156,6 +156,7 @@ class ProxyRequest:
         "beta",
         "body",
         "client_auth",
+        "dropped",
         "extra_headers",
         "model",
         "request_id",
@@ -187,6 +188,9 @@ class ProxyRequest:
         # that speak the first-party API send them, others may ignore them
         self.extra_headers: dict[str, str] = dict(extra_headers) if extra_headers else {}
         self._fields: dict[str, msgspec.Raw] | None = None
+        # what the adapter of the last attempt left out for its provider (``adapters.profiles``): the access
+        # line's ``dropped`` and gateway_dropped_features_total
+        self.dropped: tuple[str, ...] = ()
 
     def rewrite(self, changes: Mapping[str, Any]) -> None:
         """Change top-level fields of the body itself (the gateway's own policy, e.g. a clamped max_tokens),
