@@ -17,6 +17,7 @@ from gateway.wire.usage_fold import fold_usage
 
 from ._converse import STREAM_EXCEPTIONS, ConverseTranscoder
 from ._eventstream import EventStreamDecoder, EventStreamError, EventStreamMessage, parse_headers
+from ._provider_messages import client_message
 from .base import batch_of_block, forwardable_headers, provider_request_id, raise_for_redirect, read_error_body
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ def bedrock_error(
     client_status, error_type = mapped if mapped else (status, error_type_for_status(status))
     if not message:
         message = f"provider {provider!r} answered HTTP {status}" + (f" ({name})" if name else "")
+    message = client_message(message, provider=provider, error_type=error_type, request_id=request_id)
     return UpstreamStatusError(client_status, error_type, message, headers=headers, request_id=request_id)
 
 

@@ -24,6 +24,8 @@ from gateway.wire.request import ProxyRequest
 from gateway.wire.sse import FrameTooLarge, SseDecoder, split_block, split_canonical
 from gateway.wire.upstream import MAX_ANSWER_BYTES, MAX_ERROR_BYTES, BodyTooLarge, StreamInterrupted, UpstreamResponse
 
+from ._provider_messages import VERTEX_TOO_BIG, client_message
+
 __all__ = [
     "NOT_JSON",
     "Adapter",
@@ -277,15 +279,23 @@ async def raise_for_upstream(resp: UpstreamResponse, provider: str) -> None:
         parsed = _Envelope()
     error = parsed.error
     if parsed.type == "error" and error is not None and error.type:
-        raise UpstreamStatusError(status, error.type, error.message, headers=headers, body=body, request_id=rid)
+        message = error.message
+        if status not in (400, 413) or VERTEX_TOO_BIG.search(message or ""):  # a 400/413 envelope is relayed
+            message = client_message(message, provider=provider, error_type=error.type, request_id=rid)
+        if message == error.message:
+            raise UpstreamStatusError(status, error.type, message, headers=headers, body=body, request_id=rid)
+        raise UpstreamStatusError(status, error.type, message, headers=headers, request_id=rid)
     if error is not None and error.message:  # Google / Azure shape
         client_status, error_type = _GOOGLE_STATUS.get(error.status, (status, error_type_for_status(status)))
         if status == 503 and not error.status:
             client_status, error_type = 529, "overloaded_error"
-        raise UpstreamStatusError(client_status, error_type, error.message, headers=headers, request_id=rid)
+        message = client_message(error.message, provider=provider, error_type=error_type, request_id=rid)
+        raise UpstreamStatusError(client_status, error_type, message, headers=headers, request_id=rid)
     text = body[:300].decode("utf-8", "replace").strip()
     message = f"provider {provider!r} answered HTTP {status}" + (f": {text}" if text else "")
-    raise UpstreamStatusError(status, error_type_for_status(status), message, headers=headers, request_id=rid)
+    error_type = error_type_for_status(status)
+    message = client_message(message, provider=provider, error_type=error_type, request_id=rid)
+    raise UpstreamStatusError(status, error_type, message, headers=headers, request_id=rid)
 
 
 def batch_of_block(block: bytes) -> Batch:
