@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from gateway.settings import BedrockProvider
-from gateway.wire.errors import InvalidRequest, UpstreamStatusError
+from gateway.wire.errors import InvalidRequest, NotSupported, UpstreamStatusError
 from gateway.wire.request import ProxyRequest
 from gateway.wire.upstream import HttpClient, Timeouts, UpstreamResponse
 
@@ -98,8 +98,35 @@ class BedrockAdapter(HttpAdapter):
         return request.body_with(set=changes, drop=drop)
 
     def count_input(self, request: ProxyRequest) -> dict[str, Any]:
-        extra = None if "max_tokens" in request.fields() else {"max_tokens": 1}  # InvokeModel requires it
-        return {"invokeModel": {"body": base64.b64encode(self.body(request, extra=extra)).decode()}}
+        """CountTokens' ``input``: the invoke body (no ``model``), ``max_tokens`` above any thinking budget (InvokeModel
+        requires one, and one above the budget), no empty ``tools`` (refused)."""
+        fields = request.fields()
+        max_tokens = _int_field(fields.get("max_tokens"))
+        budget = _thinking_budget(fields.get("thinking"))
+        extra: dict[str, Any] = {}
+        if max_tokens is None or (budget is not None and max_tokens <= budget):
+            extra["max_tokens"] = max(max_tokens or 1, (budget or 0) + 1)
+        body = self.body(request, extra=extra or None)
+        tools = fields.get("tools")
+        if tools is not None and len(memoryview(tools)) <= 8 and bytes(tools).strip() == b"[]":
+            body = _encode({k: v for k, v in msgspec.json.decode(body).items() if k != "tools"})
+        return {"invokeModel": {"body": base64.b64encode(body).decode()}}
+
+    async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
+        """Bedrock's CountTokens; an application inference profile (it cannot count) or a count Bedrock refuses is
+        ``501 not_supported`` (``x-should-retry: false``): the client counts on its own (the gateway contract)."""
+        if ":application-inference-profile/" in model:
+            raise NotSupported(
+                f"count_tokens: Bedrock cannot count tokens for an application inference profile ({self.name!r})"
+            )
+        try:
+            return await super().count_tokens(request, model)
+        except UpstreamStatusError as exc:
+            if exc.retryable or exc.status_code in (401, 403):  # its credentials, a throttle, an outage: as they are
+                raise
+            raise NotSupported(
+                f"count_tokens: provider {self.name!r} could not count this request ({exc.message})"
+            ) from exc
 
     def count_body(self, request: ProxyRequest) -> bytes:
         return _encode({"input": self.count_input(request)})
@@ -169,3 +196,23 @@ class BedrockConverseAdapter(BedrockAdapter):
 
 def _message_id(request: ProxyRequest) -> str:
     return "msg_" + request.request_id.rsplit("_", 1)[-1]
+
+
+def _int_field(raw: msgspec.Raw | None) -> int | None:
+    try:
+        value = msgspec.json.decode(raw) if raw is not None else None
+    except msgspec.DecodeError:
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _thinking_budget(raw: msgspec.Raw | None) -> int | None:
+    """``thinking.budget_tokens`` of an enabled thinking block, else None."""
+    try:
+        thinking = msgspec.json.decode(raw) if raw is not None else None
+    except msgspec.DecodeError:
+        return None
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        budget = thinking.get("budget_tokens")
+        return budget if isinstance(budget, int) and not isinstance(budget, bool) else None
+    return None

@@ -16,6 +16,7 @@ __all__ = [
     "GatewayError",
     "InvalidRequest",
     "NotFound",
+    "NotSupported",
     "PermissionDenied",
     "RequestTooLarge",
     "StoreUnavailable",
@@ -150,6 +151,17 @@ class PermissionDenied(GatewayError):
 class NotFound(GatewayError):
     status_code = 404
     error_type = "not_found_error"
+
+
+class NotSupported(GatewayError):
+    """501 ``not_supported`` with ``x-should-retry: false``: what the provider cannot do for this request (a token
+    count Bedrock cannot make), as Claude Code's gateway contract answers it; the client falls back on its own."""
+
+    status_code = 501
+    error_type = "not_supported"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"x-should-retry": "false"})
 
 
 class StoreUnavailable(GatewayError):

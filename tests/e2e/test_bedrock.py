@@ -300,10 +300,31 @@ def test_count_tokens_through_bedrock(fake: FakeBedrock, gw: RunningGateway) -> 
     assert result.input_tokens > 0
 
 
-def test_count_tokens_unsupported_model_is_invalid_request(fake: FakeBedrock, gw: RunningGateway) -> None:
-    with pytest.raises(anthropic.BadRequestError) as info:
-        via(gw).messages.count_tokens(model="us.anthropic.fake-nocount", messages=KW["messages"])
-    assert info.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+def test_a_count_bedrock_cannot_make_is_501_not_supported(fake: FakeBedrock, gw: RunningGateway) -> None:
+    """A model Bedrock cannot count for, and an application inference profile (never sent): ``501 not_supported``
+    with ``x-should-retry: false``, as Claude Code's gateway contract answers it (the client counts on its own)."""
+    body = {"model": "us.anthropic.fake-nocount", "messages": KW["messages"]}
+    headers = {"x-api-key": "gw-key", "anthropic-version": "2023-06-01"}
+    refused = httpx.post(f"{gw.url}/v1/messages/count_tokens", json=body, headers=headers)
+    assert refused.status_code == 501 and refused.headers["x-should-retry"] == "false"
+    assert refused.json()["error"]["type"] == "not_supported"
+    before = len(fake.requests)
+    profile = httpx.post(f"{gw.url}/v1/messages/count_tokens", json={**body, "model": "arn-citations"}, headers=headers)
+    assert profile.status_code == 501 and "application inference profile" in profile.json()["error"]["message"]
+    assert len(fake.requests) == before  # nothing sent
+
+
+def test_a_count_carries_max_tokens_above_the_thinking_budget_and_no_empty_tools(
+    fake: FakeBedrock, gw: RunningGateway
+) -> None:
+    thinking = {"type": "enabled", "budget_tokens": 4096}
+    for extra, want in (({"max_tokens": 1024}, 4097), ({}, 4097), ({"max_tokens": 8000}, 8000)):
+        body = {"model": "us.anthropic.fake-text-v1:0", "messages": KW["messages"], "thinking": thinking, "tools": []}
+        resp = httpx.post(f"{gw.url}/v1/messages/count_tokens", json={**body, **extra}, headers=AUTH)
+        assert resp.status_code == 200, resp.text
+        result = resp.json()
+        inner = fake.requests[-1].inner_json
+        assert result["input_tokens"] > 0 and inner["max_tokens"] == want and "tools" not in inner
 
 
 # --- the first-party-shaped AWS surfaces (docs/wire-formats.md §7) -----------------------------------------
