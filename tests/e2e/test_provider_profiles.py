@@ -249,3 +249,56 @@ def test_safeguards_reaches_the_first_party(
     before = len(fake_claude.requests)
     resp, _ = send(gw, "to-claude", caplog, safeguards={"type": "auto"})
     assert resp.status_code == 200 and fake_claude.requests[before].json["safeguards"] == {"type": "auto"}
+
+
+# --- item 5: thinking signatures and cache control reach a same-format target byte for byte -------------------
+
+CONVERSATION = [
+    {
+        "role": "user",
+        "content": [{"type": "text", "text": "list the files", "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+    },
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "thinking", "thinking": "I should call ls.", "signature": "EqoBCkYIBxgCKkD" + "a1B2" * 40 + "=="},
+            {"type": "redacted_thinking", "data": "EmwKAhgBEgy3" + "Zz9/" * 30},
+            {"type": "tool_use", "id": "toolu_01A", "name": "Bash", "input": {"command": "ls"}},
+        ],
+    },
+    {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "toolu_01A",
+                "content": "a.txt\nb.txt",
+                "cache_control": {"type": "ephemeral"},
+            }
+        ],
+    },
+]
+
+
+@pytest.mark.parametrize("alias", ["to-claude", "to-invoke", "to-mantle", "to-vertex", "to-foundry"])
+def test_thinking_signatures_and_cache_control_reach_the_target_byte_for_byte(
+    gw: RunningGateway,
+    fake_claude: FakeClaudeAPI,
+    bedrock: FakeBedrock,
+    vertex: FakeVertex,
+    foundry: FakeFoundry,
+    alias: str,
+) -> None:
+    fake: Any = {"to-claude": fake_claude, "to-foundry": foundry, "to-vertex": vertex}.get(alias, bedrock)
+    messages = json.dumps(CONVERSATION, indent=1).encode()  # the client's own spelling: kept, not re-encoded
+    body = b'{"model": "%s", "max_tokens": 1024, "stream": true, "messages": %s, ' % (alias.encode(), messages)
+    body += b'"thinking": {"type": "enabled", "budget_tokens": 512}}'
+    before = len(fake.requests)
+    resp = httpx.post(
+        f"{gw.url}/v1/messages",
+        content=body,
+        headers={**HEADERS, "content-type": "application/json"},
+        timeout=30,
+    )
+    assert resp.status_code == 200, resp.text
+    assert messages in fake.requests[before].body  # signatures, redacted data, cache_control ttl: as sent
