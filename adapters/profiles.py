@@ -286,9 +286,62 @@ def filter_request(profile: Profile, request: ProxyRequest) -> Filtered:
         cleaned, tool_dropped = profile.tools_without(msgspec.json.decode(tools))
         if tool_dropped:
             changes["tools"] = cleaned
-    out = (*dropped, *(f"field:{name}" for name in drop), *(f"tool_field:{name}" for name in tool_dropped))
+    merged: tuple[str, ...] = ()
+    messages = fields.get("messages")
+    if profile.fields is not None and messages is not None and _SYSTEM_ROLE.search(memoryview(messages)) is not None:
+        changes["messages"] = _without_system_turns(msgspec.json.decode(messages))
+        merged = ("message:system_role",)
+    out = (
+        *dropped,
+        *(f"field:{name}" for name in drop),
+        *(f"tool_field:{name}" for name in tool_dropped),
+        *merged,
+    )
     request.dropped = out
     return Filtered(",".join(betas) if betas else None, betas, changes, drop, out)
+
+
+_SYSTEM_ROLE = re.compile(rb'"role"\s*:\s*"system"')
+
+
+def _reminder(content: Any) -> list[Any]:
+    """A system turn's content as user text blocks, each wrapped as Claude Code wraps the system context it puts
+    into user turns (``<system-reminder>``); other blocks (cache_control included) kept as they are."""
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+    out = []
+    for block in blocks:
+        if isinstance(block, dict) and block.get("type") == "text":
+            block = {**block, "text": f"<system-reminder>\n{block.get('text', '')}\n</system-reminder>"}
+        out.append(block)
+    return out
+
+
+def _user_blocks(content: Any) -> list[Any]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+
+
+def _without_system_turns(messages: Any) -> Any:
+    """``messages`` with each ``role: system`` turn (the first party's mid-conversation system messages, which the
+    clouds refuse) folded into the next user turn — or the previous one when none follows — as reminder blocks."""
+    if not isinstance(messages, list):
+        return messages
+    out: list[Any] = []
+    pending: list[Any] = []  # reminders waiting for the next user turn
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "system":
+            pending.extend(_reminder(message.get("content")))
+            continue
+        if pending and isinstance(message, dict) and message.get("role") == "user":
+            message = {**message, "content": [*pending, *_user_blocks(message.get("content"))]}
+            pending = []
+        out.append(message)
+    if pending:
+        last = next((i for i in range(len(out) - 1, -1, -1) if out[i].get("role") == "user"), None)
+        if last is None or last != len(out) - 1:
+            out.append({"role": "user", "content": pending})
+        else:
+            out[last] = {**out[last], "content": [*_user_blocks(out[last].get("content")), *pending]}
+    return out
 
 
 _KNOWN_FAMILIES = frozenset(
@@ -321,6 +374,8 @@ def metric_feature(feature: str) -> str:
     if kind == "beta":
         family = beta_family(name)
         return f"beta:{family}" if family in _KNOWN_FAMILIES else "beta:other"
+    if feature == "message:system_role":
+        return feature
     if kind in ("field", "tool_field"):
         return feature if name in _KNOWN_FIELDS or name in _CLOUD_TOOL_DROPS else f"{kind}:other"
     return "other"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -291,3 +291,92 @@ def test_claude_p_through_the_gateway_to_the_claude_api(
     assert "claude-code-20250219" in headers.get("anthropic-beta", ""), f"{headers}\n{why}"
     answers = [line for line in lines if is_model_request(mode, str(line["path"]))]
     assert answers and answers[0]["provider"] == "claude" and answers[0]["status"] == 200, why
+
+
+# ----------------------------------------------- Messages mode to a cloud target (issue 32, item 4)
+
+CLOUD_TARGETS = ("bedrock", "converse", "mantle", "vertex", "foundry")
+FIRST_PARTY_ONLY = ("context-management-", "per-turn-control-", "mid-conversation-tool-changes-", "advanced-tool-use-")
+
+
+@pytest.fixture(scope="module")
+def clouds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The strict fakes of the clouds (they refuse what the real services refuse), served for the module."""
+    from tests.fakes.bedrock import FakeBedrock
+    from tests.fakes.foundry import FakeFoundry
+    from tests.fakes.vertex import FakeVertex
+
+    converse_dir = Path(__file__).resolve().parents[1] / "fixtures" / "converse"
+    with FakeBedrock(converse_dir=converse_dir) as bedrock, FakeVertex() as vertex, FakeFoundry() as foundry:
+        creds = vertex.make_service_account(tmp_path_factory.mktemp("gcp"))
+        yield {"bedrock": bedrock, "vertex": vertex, "foundry": foundry, "creds": creds}
+
+
+def cloud_config(target: str, clouds: dict[str, Any]) -> str:
+    bedrock, vertex, foundry = clouds["bedrock"], clouds["vertex"], clouds["foundry"]
+    aws = "access_key_id: AKIDFAKEBEDROCK, secret_access_key: fake-secret"
+    provider, model = {
+        "bedrock": (
+            f'{{kind: bedrock, region: us-east-1, base_url: "{bedrock.base_url}", {aws}}}',
+            "us.anthropic.fake-text-v1:0",
+        ),
+        "converse": (
+            f'{{kind: bedrock, api: converse, region: us-east-1, base_url: "{bedrock.base_url}", {aws}}}',
+            "anthropic.text",
+        ),
+        "mantle": (
+            f'{{kind: bedrock_mantle, region: us-east-1, base_url: "{bedrock.base_url}/anthropic", {aws}}}',
+            "fake-text",
+        ),
+        "vertex": (
+            f'{{kind: vertex, region: us-east5, project: {vertex.project}, credentials_file: "{clouds["creds"]}", '
+            f'base_url: "{vertex.base_url}"}}',
+            "fake-text",
+        ),
+        "foundry": (f'{{kind: foundry, base_url: "{foundry.base_url}", api_key: foundry-key}}', "fake-text"),
+    }[target]
+    return f"""
+auth: {{keys: [{{name: dev, key: sk-dev}}]}}
+providers:
+  cloud: {provider}
+models:
+  "*": {{targets: [{{provider: cloud, model: "{model}"}}]}}
+"""
+
+
+@pytest.mark.parametrize("output", ["text", "stream-json"])
+@pytest.mark.parametrize("target", CLOUD_TARGETS)
+def test_messages_mode_to_a_cloud_target_answers_and_names_what_was_dropped(
+    target: str, output: str, claude_cli: Path, serve: Serve, tmp_path: Path, clouds: dict[str, Any]
+) -> None:
+    """Claude Code in Messages mode (first-party betas, ``context_management``, its tools) through the gateway to
+    each cloud on its strict fake: ``claude -p`` answers; the access line names what the cloud was not sent (the
+    first-party-only betas), and Foundry (the first-party API) was sent them all."""
+    fake = clouds["foundry" if target == "foundry" else "vertex" if target == "vertex" else "bedrock"]
+    before = len(fake.requests)
+    served = start(serve, tmp_path, cloud_config(target, clouds))
+    args = ("--model", "fake-text", *(STREAM_JSON if output == "stream-json" else ()))
+    run = run_claude(claude_cli, PROMPT, env=mode_env("messages", served.url), args=args)
+    lines = seen(served, "messages")
+    sent = fake.requests[before:]
+    why = f"{report(run, lines)}\n--- requests the fake got ---\n" + "\n".join(
+        f"  {r.method} {r.path} {r.body[:200]!r}" for r in sent
+    )
+    assert run.returncode == 0, why
+    if output == "text":
+        assert "fake" in run.stdout.lower() or run.stdout.strip(), why
+    else:
+        result = [e for e in run.events() if e.get("type") == "result"]
+        assert result and result[-1].get("is_error") is False, why
+    answers = [line for line in lines if is_model_request("messages", str(line["path"]))]
+    assert answers and all(line["status"] == 200 for line in answers), why
+    dropped = [d for line in answers for d in line["dropped"]]
+    if target == "foundry":
+        assert dropped == [], why
+        assert any("context-management-" in r.headers.get("anthropic-beta", "") for r in sent), why
+    else:
+        assert any(d.startswith("beta:context-management-") for d in dropped), why
+        for r in sent:
+            text = r.body.decode("utf-8", "replace") + r.headers.get("anthropic-beta", "")
+            assert not any(name in text for name in FIRST_PARTY_ONLY), why
+            assert '"context_management"' not in text, why

@@ -142,3 +142,56 @@ def test_metric_labels_are_bounded() -> None:
     assert metric_feature("field:context_management") == "field:context_management"
     assert metric_feature("field:whatever_a_client_sends") == "field:other"
     assert metric_feature("tool_field:eager_input_streaming") == "tool_field:eager_input_streaming"
+
+
+def test_a_system_turn_is_folded_into_a_user_turn_for_the_clouds_and_kept_for_the_first_party() -> None:
+    """Claude Code in Messages mode ends its first request with a ``role: system`` turn (its environment): the clouds
+    refuse that role; it becomes reminder blocks of the user turn, as Claude Code wraps system context in them."""
+    env = {
+        "role": "system",
+        "content": [{"type": "text", "text": "# Environment", "cache_control": {"type": "ephemeral"}}],
+    }
+    body = {**BODY, "messages": [{"role": "user", "content": "hi"}, env]}
+    kept = filter_request(PROFILES["bedrock"], request(body))
+    assert kept.set["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "hi"},
+                {
+                    "type": "text",
+                    "text": "<system-reminder>\n# Environment\n</system-reminder>",
+                    "cache_control": {"type": "ephemeral"},
+                },
+            ],
+        }
+    ]
+    assert kept.dropped[-1] == "message:system_role" and metric_feature("message:system_role") == "message:system_role"
+    middle = {
+        **BODY,
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {**env, "content": "c"},
+            {"role": "user", "content": "d"},
+        ],
+    }
+    folded = filter_request(PROFILES["vertex"], request(middle)).set["messages"]
+    assert [m["role"] for m in folded] == ["user", "assistant", "user"]
+    assert folded[2]["content"] == [
+        {"type": "text", "text": "<system-reminder>\nc\n</system-reminder>"},
+        {"type": "text", "text": "d"},
+    ]
+    after_assistant = {
+        **BODY,
+        "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, env],
+    }
+    assert [m["role"] for m in filter_request(PROFILES["vertex"], request(after_assistant)).set["messages"]] == [
+        "user",
+        "assistant",
+        "user",
+    ]
+    first = filter_request(PROFILES["anthropic"], request(body))
+    assert "messages" not in first.set and first.dropped == ()
+    plain = filter_request(PROFILES["bedrock"], request({**BODY, "system": "the system prompt"}))
+    assert "messages" not in plain.set  # no system turn: the messages are not decoded, not touched
