@@ -24,6 +24,21 @@ and echo the name as ``model``), a Bedrock-only stream scenario (:data:`BEDROCK_
 status scenario (:data:`STATUS_SCENARIOS`). Bedrock rewrites ids to ``msg_bdrk_…`` / ``toolu_bdrk_…``
 (:func:`bdrk_ids`).
 
+**Strict by default** (``FakeBedrock(strict=False)`` keeps only the schema checks; ``extra_betas=`` or an assigned
+``fake.beta_families`` widens the betas): the fake refuses what the
+real service refuses (issue 32), the accepted lists being :data:`BETA_FAMILIES`, :data:`INVOKE_FIELDS`,
+:data:`MANTLE_FIELDS` and :data:`REFUSED_TOOL_FIELDS`. Betas match by family (:func:`beta_family`: the name
+without its date). InvokeModel and CountTokens' inner invoke body (:func:`validate_invoke_body`): a top-level key
+outside :data:`INVOKE_FIELDS` (``model``, ``stream``, ``context_management``, ``tags``, ``safeguards`` …) or
+``eager_input_streaming`` in a tool definition is 400 ``ValidationException`` "Malformed input request: #: extraneous
+key [<key>] is not permitted, …"; an ``anthropic_beta`` item outside :data:`BETA_FAMILIES` is 400
+``ValidationException`` "invalid beta flag" (the ``anthropic-beta`` header is not read there). Converse: the same
+beta rule for ``additionalModelRequestFields.anthropic_beta``. Mantle (``/anthropic/v1/messages``): betas of the
+``anthropic-beta`` header, fields of :data:`MANTLE_FIELDS`, refused in the Anthropic envelope (400
+``invalid_request_error``). Claude Platform on AWS (``/v1/messages``) is the first party: nothing refused. Every
+refusal is recorded on the request (:attr:`BedrockRequest.refusal`, :attr:`BedrockRequest.refused`;
+:attr:`FakeBedrock.refusals`).
+
 **Converse.** ``/model/{id}/converse[-stream]`` reads ``<converse_dir>/<converse_name(id)>.json``: a list
 of ``{"event": "<:event-type>", "payload": {...}}`` or ``{"exception": "<name>", "payload": {...}}``.
 :func:`converse_name` strips the ARN part, a geography prefix, one vendor prefix (``amazon.``,
@@ -70,9 +85,14 @@ __all__ = [
     "ANTHROPIC_VERSION",
     "BEDROCK_NAMESPACE",
     "BEDROCK_STREAM_SCENARIOS",
+    "BETA_FAMILIES",
     "CORAL_NAMESPACE",
     "ERROR_CHUNK",
+    "INVALID_BETA_MESSAGE",
+    "INVOKE_FIELDS",
+    "MANTLE_FIELDS",
     "METRICS_KEY",
+    "REFUSED_TOOL_FIELDS",
     "STATUS_SCENARIOS",
     "STREAM_EXCEPTIONS",
     "STREAM_EXCEPTION_STATUS",
@@ -82,6 +102,7 @@ __all__ = [
     "Frame",
     "StreamPlan",
     "bdrk_ids",
+    "beta_family",
     "chunk_frame",
     "converse_name",
     "converse_response",
@@ -114,6 +135,86 @@ MS_PER_EVENT = 23
 SIGV4_MAX_SKEW_SECONDS = 300
 SPLIT_SEED = 20250930  # fake-split: seed of the 1-7 byte write sizes
 _PAD_ALPHABET = string.ascii_lowercase + string.ascii_uppercase + string.digits
+
+# ---------------------------------------------------------------------------------------------
+# What Bedrock accepts (issue 32): the one place the fake's strictness is defined
+# ---------------------------------------------------------------------------------------------
+
+#: Beta families (a beta name without its ``-YYYY-MM-DD`` / ``-YYYYMMDD`` date) Bedrock takes, in InvokeModel's
+#: ``anthropic_beta``, Converse's ``additionalModelRequestFields.anthropic_beta`` and Mantle's ``anthropic-beta``.
+#: Sources: what Claude Code 2.1.332 sends Bedrock in its own Bedrock mode (../shared/claude-code-traffic.md,
+#: Bedrock-mode column: ``claude-code``, ``effort``, ``thinking-token-count`` in the header; ``interleaved-thinking``,
+#: ``tool-search-tool``, ``thinking-token-count`` in the body), and AWS, "Anthropic Claude Messages API — Request
+#: and Response" (https://docs.aws.amazon.com/bedrock/latest/userguide/model-parameters-anthropic-claude-messages-
+#: request-response.html: ``computer-use``, ``token-efficient-tools``, ``output-128k``, ``context-1m``,
+#: ``dev-full-thinking``, ``fine-grained-tool-streaming``, ``tool-examples``). Anything else — the first party's
+#: ``context-management``, ``per-turn-control``, ``mid-conversation-tool-changes``, ``advanced-tool-use``,
+#: ``request-tags``, ``extended-cache-ttl`` (anthropics/claude-code#56595) … — is "invalid beta flag".
+BETA_FAMILIES = frozenset(
+    {
+        "claude-code",
+        "interleaved-thinking",
+        "tool-search-tool",
+        "effort",
+        "thinking-token-count",
+        "computer-use",
+        "token-efficient-tools",
+        "output-128k",
+        "context-1m",
+        "dev-full-thinking",
+        "fine-grained-tool-streaming",
+        "tool-examples",
+    }
+)
+#: Top-level InvokeModel (and CountTokens invoke) body fields. Sources: the AWS page above (its request body:
+#: ``anthropic_version``, ``anthropic_beta``, ``max_tokens``, ``system``, ``messages``, ``temperature``, ``top_p``,
+#: ``top_k``, ``tools``, ``tool_choice``, ``stop_sequences``, ``thinking``, ``output_format``, ``metadata``) and the
+#: capture's Bedrock-mode column (``output_config``). Any other key (``model``, ``stream``, ``context_management``,
+#: ``tags``, ``safeguards`` …) is "extraneous key [<key>] is not permitted", Bedrock's own wording.
+INVOKE_FIELDS = frozenset(
+    {
+        "anthropic_version",
+        "anthropic_beta",
+        "messages",
+        "system",
+        "max_tokens",
+        "metadata",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "top_k",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "output_config",
+        "output_format",
+    }
+)
+#: The Mantle Messages endpoint's body: InvokeModel's plus ``model`` and ``stream`` (a first-party shaped body;
+#: ``anthropic_version`` is not needed there).
+MANTLE_FIELDS = INVOKE_FIELDS | {"model", "stream"}
+#: Tool-definition fields Bedrock refuses: fine-grained tool streaming's per-tool flag (anthropics/claude-code#33229,
+#: "extraneous key [eager_input_streaming] is not permitted"); Claude Code in Bedrock mode sends only ``name``,
+#: ``description``, ``input_schema``, ``defer_loading`` (the capture).
+REFUSED_TOOL_FIELDS = frozenset({"eager_input_streaming"})
+INVALID_BETA_MESSAGE = "invalid beta flag"  # Bedrock's whole message (ValidationException)
+
+_BETA_DATE = re.compile(r"-\d{4}-?\d{2}-?\d{2}$")
+
+
+def beta_family(name: str) -> str:
+    """A beta's feature: ``effort-2025-11-24`` -> ``effort`` (``claude-code-20250219`` -> ``claude-code``)."""
+    return _BETA_DATE.sub("", name.strip())
+
+
+def _unknown_betas(betas: list[str], families: frozenset[str] = BETA_FAMILIES) -> list[str]:
+    return [b for b in betas if beta_family(b) not in families]
+
+
+def _header_betas(request: web.Request) -> list[str]:
+    """Every beta of the ``anthropic-beta`` header(s), comma-separated, in order."""
+    return [b.strip() for v in request.headers.getall("anthropic-beta", []) for b in v.split(",") if b.strip()]
+
 
 # ---------------------------------------------------------------------------------------------
 # Error catalogues
@@ -442,34 +543,70 @@ def _json_type(value: Any) -> str:
     return "Null" if value is None else _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
 
 
-def validate_invoke_body(raw: bytes) -> tuple[dict[str, Any] | None, str | None]:
-    """(parsed body, None) or (None, ValidationException message), the checks Bedrock makes (§3.3)."""
+@dataclass(frozen=True)
+class _Refusal:
+    """Why a body is refused: the ValidationException message and what was refused (``beta:<name>``,
+    ``field:<key>``, ``tool_field:<key>``; empty for a schema error)."""
+
+    message: str
+    refused: tuple[str, ...] = ()
+
+
+def validate_invoke_body(raw: bytes, *, strict: bool = True) -> tuple[dict[str, Any] | None, str | None]:
+    """(parsed body, None) or (None, ValidationException message), the checks Bedrock makes (§3.3); ``strict``
+    adds issue 32's (only :data:`INVOKE_FIELDS`, no :data:`REFUSED_TOOL_FIELDS`, only :data:`BETA_FAMILIES`)."""
+    body, refusal = _check_invoke_body(raw, strict=strict)
+    return body, None if refusal is None else refusal.message
+
+
+def _check_invoke_body(
+    raw: bytes, *, strict: bool = True, families: frozenset[str] = BETA_FAMILIES
+) -> tuple[dict[str, Any] | None, _Refusal | None]:
     try:
         body = json.loads(raw)
     except ValueError:
-        return None, "Malformed input request, please reformat your input and try again."
+        return None, _Refusal("Malformed input request, please reformat your input and try again.")
     if not isinstance(body, dict):
-        return None, _malformed(f"#: expected type: JSONObject, found: {_json_type(body)}")
-    for key in body:
-        if key in ("model", "stream"):
-            return None, _malformed(f"#: extraneous key [{key}] is not permitted")
+        return None, _Refusal(_malformed(f"#: expected type: JSONObject, found: {_json_type(body)}"))
+    extraneous = [k for k in body if (k not in INVOKE_FIELDS if strict else k in ("model", "stream"))]
+    violations = [f"#: extraneous key [{key}] is not permitted" for key in extraneous]
+    refused = [f"field:{key}" for key in extraneous]
+    tools = body.get("tools")
+    if strict and isinstance(tools, list):
+        for i, tool in enumerate(tools):
+            for key in sorted(REFUSED_TOOL_FIELDS.intersection(tool) if isinstance(tool, dict) else ()):
+                violations.append(f"#/tools/{i}: extraneous key [{key}] is not permitted")
+                if f"tool_field:{key}" not in refused:
+                    refused.append(f"tool_field:{key}")
+    if violations:  # everit-style: the violations one after the other
+        return None, _Refusal(_malformed("".join(violations)), tuple(refused))
     for key in ("anthropic_version", "max_tokens", "messages"):
         if key not in body:
-            return None, _malformed(f"#: required key [{key}] not found")
+            return None, _Refusal(_malformed(f"#: required key [{key}] not found"))
     version = body["anthropic_version"]
     if version != ANTHROPIC_VERSION:
-        return None, _malformed(f"#/anthropic_version: {version} is not a valid enum value")
+        return None, _Refusal(_malformed(f"#/anthropic_version: {version} is not a valid enum value"))
+    betas: list[str] = []
     if "anthropic_beta" in body:
         betas = body["anthropic_beta"]
         if not isinstance(betas, list):
-            return None, _malformed(f"#/anthropic_beta: expected type: JSONArray, found: {_json_type(betas)}")
+            return None, _Refusal(_malformed(f"#/anthropic_beta: expected type: JSONArray, found: {_json_type(betas)}"))
         for i, beta in enumerate(betas):
             if not isinstance(beta, str):
-                return None, _malformed(f"#/anthropic_beta/{i}: expected type: String, found: {_json_type(beta)}")
+                return None, _Refusal(
+                    _malformed(f"#/anthropic_beta/{i}: expected type: String, found: {_json_type(beta)}")
+                )
     if not isinstance(body["max_tokens"], int) or isinstance(body["max_tokens"], bool):
-        return None, _malformed(f"#/max_tokens: expected type: Integer, found: {_json_type(body['max_tokens'])}")
+        return None, _Refusal(
+            _malformed(f"#/max_tokens: expected type: Integer, found: {_json_type(body['max_tokens'])}")
+        )
     if not isinstance(body["messages"], list):
-        return None, _malformed(f"#/messages: expected type: JSONArray, found: {_json_type(body['messages'])}")
+        return None, _Refusal(
+            _malformed(f"#/messages: expected type: JSONArray, found: {_json_type(body['messages'])}")
+        )
+    unknown = _unknown_betas(betas, families) if strict else []
+    if unknown:
+        return None, _Refusal(INVALID_BETA_MESSAGE, tuple(f"beta:{b}" for b in unknown))
     return body, None
 
 
@@ -577,6 +714,8 @@ class BedrockRequest(RecordedRequest):
     auth_error: str | None = None  # exception name when authentication failed
     signing_name: str | None = None  # SigV4 credential-scope service
     inner_json: Any = None  # count-tokens: the decoded ``input.invokeModel.body``
+    refusal: str | None = None  # the message when the body was refused (a 400 the real service answers too)
+    refused: tuple[str, ...] = ()  # what was refused: ``beta:<name>``, ``field:<key>``, ``tool_field:<key>``
 
 
 @dataclass(frozen=True)
@@ -635,8 +774,15 @@ class FakeBedrock(BackgroundServer):
         region: str = "us-east-1",
         api_keys: tuple[str, ...] | list[str] = ("bedrock-api-key",),
         converse_dir: Path | None = None,
+        strict: bool = True,
+        extra_betas: tuple[str, ...] | list[str] = (),
     ) -> None:
         self.credentials = Credentials(access_key_id, secret_access_key, session_token)
+        #: refuse unknown betas and fields as Bedrock does (module docstring); False: only the schema checks
+        self.strict = strict
+        #: the beta families taken: :data:`BETA_FAMILIES` plus ``extra_betas`` (names or families), e.g. a beta
+        #: the provider ships before the gateway knows it (an operator's ``betas: {allow: …}``); assignable
+        self.beta_families: frozenset[str] = BETA_FAMILIES | {beta_family(b) for b in extra_betas}
         self.region = region
         self.api_keys = tuple(api_keys)
         self.converse_dir = converse_dir
@@ -656,6 +802,11 @@ class FakeBedrock(BackgroundServer):
     def requests(self) -> list[BedrockRequest]:
         with self._cond:
             return list(self._state.requests)
+
+    @property
+    def refusals(self) -> list[BedrockRequest]:
+        """The recorded requests whose body was refused (``refusal`` set), oldest first."""
+        return [r for r in self.requests if r.refusal is not None]
 
     def botocore_client(self, **config: Any) -> Any:
         """A botocore ``bedrock-runtime`` client for this fake (SigV4 with its credentials, no retries)."""
@@ -691,6 +842,12 @@ class FakeBedrock(BackgroundServer):
     def _status_error(self, name: str, request_id: str, message: str | None = None) -> web.Response:
         status, default = _STATUS_BY_NAME[name]
         return self._aws_error(status, name, message or default, request_id)
+
+    def _refuse(self, record: BedrockRequest, refusal: _Refusal, request_id: str) -> web.Response:
+        """A 400 ValidationException for a refused body, recorded on the request."""
+        with self._cond:
+            record.refusal, record.refused = refusal.message, refusal.refused
+        return self._status_error("ValidationException", request_id, refusal.message)
 
     @staticmethod
     def _anthropic_error(status: int, error_type: str, message: str, request_id: str) -> web.Response:
@@ -846,22 +1003,24 @@ class FakeBedrock(BackgroundServer):
             return self._aws_error(403, failure.name, failure.message, request_id, CORAL_NAMESPACE)
 
         if route.surface != "bedrock":
-            return await self._first_party(request, route, parsed, body, request_id)
+            return await self._first_party(request, route, record, parsed, body, request_id)
         assert route.model_id is not None
         if route.operation in ("invoke", "invoke-with-response-stream"):
-            return await self._invoke(request, route.model_id, body, request_id, route.operation != "invoke")
+            return await self._invoke(request, record, body, request_id, route.operation != "invoke")
         if route.operation == "count-tokens":
-            return self._count_tokens(route.model_id, parsed, request_id)
-        return await self._converse(request, route.model_id, parsed, request_id, route.operation == "converse-stream")
+            return self._count_tokens(record, parsed, request_id)
+        return await self._converse(request, record, parsed, request_id, route.operation == "converse-stream")
 
     # -- InvokeModel -----------------------------------------------------------------------------
 
     async def _invoke(
-        self, request: web.Request, model_id: str, body: bytes, request_id: str, stream: bool
+        self, request: web.Request, record: BedrockRequest, body: bytes, request_id: str, stream: bool
     ) -> web.StreamResponse:
-        _, problem = validate_invoke_body(body)
-        if problem is not None:
-            return self._status_error("ValidationException", request_id, problem)
+        assert record.model_id is not None
+        model_id = record.model_id
+        _, refusal = _check_invoke_body(body, strict=self.strict, families=self.beta_families)
+        if refusal is not None:
+            return self._refuse(record, refusal, request_id)
         name = scenario_name(model_id)
         if name in STATUS_SCENARIOS:
             return self._status_error(STATUS_SCENARIOS[name][1], request_id)
@@ -934,8 +1093,9 @@ class FakeBedrock(BackgroundServer):
 
     # -- CountTokens -----------------------------------------------------------------------------
 
-    def _count_tokens(self, model_id: str, parsed: Any, request_id: str) -> web.Response:
-        name = scenario_name(model_id)
+    def _count_tokens(self, record: BedrockRequest, parsed: Any, request_id: str) -> web.Response:
+        assert record.model_id is not None
+        name = scenario_name(record.model_id)
         if name in STATUS_SCENARIOS:
             return self._status_error(STATUS_SCENARIOS[name][1], request_id)
         if name.startswith("fake-nocount"):
@@ -952,6 +1112,9 @@ class FakeBedrock(BackgroundServer):
             )
         if "converse" in source:
             inner = _compact(source["converse"]).encode()
+            refusal = self._converse_refusal(source["converse"])
+            if refusal is not None:
+                return self._refuse(record, refusal, request_id)
         else:
             invoke = source.get("invokeModel")
             blob = invoke.get("body") if isinstance(invoke, dict) else None
@@ -961,9 +1124,9 @@ class FakeBedrock(BackgroundServer):
                 inner = b""
             if not inner:
                 return self._status_error("ValidationException", request_id, "input.invokeModel.body: invalid blob")
-            _, problem = validate_invoke_body(inner)
-            if problem is not None:
-                return self._status_error("ValidationException", request_id, problem)
+            _, refusal = _check_invoke_body(inner, strict=self.strict, families=self.beta_families)
+            if refusal is not None:
+                return self._refuse(record, refusal, request_id)
         return web.Response(
             status=200,
             body=_compact({"inputTokens": len(inner) // 4 + 3}).encode(),
@@ -973,11 +1136,25 @@ class FakeBedrock(BackgroundServer):
 
     # -- Converse --------------------------------------------------------------------------------
 
+    def _converse_refusal(self, body: Any) -> _Refusal | None:
+        """Converse's beta rule: ``additionalModelRequestFields.anthropic_beta`` items of :data:`BETA_FAMILIES`."""
+        extra = body.get("additionalModelRequestFields") if isinstance(body, dict) else None
+        betas = extra.get("anthropic_beta") if isinstance(extra, dict) else None
+        if not self.strict or not isinstance(betas, list):
+            return None
+        unknown = _unknown_betas([b for b in betas if isinstance(b, str)], self.beta_families)
+        return _Refusal(INVALID_BETA_MESSAGE, tuple(f"beta:{b}" for b in unknown)) if unknown else None
+
     async def _converse(
-        self, request: web.Request, model_id: str, parsed: Any, request_id: str, stream: bool
+        self, request: web.Request, record: BedrockRequest, parsed: Any, request_id: str, stream: bool
     ) -> web.StreamResponse:
+        assert record.model_id is not None
+        model_id = record.model_id
         if not isinstance(parsed, dict) or ("messages" in parsed and not isinstance(parsed["messages"], list)):
             return self._status_error("ValidationException", request_id, "Malformed Converse request body.")
+        refusal = self._converse_refusal(parsed)
+        if refusal is not None:
+            return self._refuse(record, refusal, request_id)
         name = scenario_name(model_id)
         if name in STATUS_SCENARIOS:
             return self._status_error(STATUS_SCENARIOS[name][1], request_id)
@@ -1028,7 +1205,7 @@ class FakeBedrock(BackgroundServer):
     # -- first-party surfaces (mantle, Claude Platform on AWS) -----------------------------------
 
     async def _first_party(
-        self, request: web.Request, route: _Route, body: Any, raw: bytes, request_id: str
+        self, request: web.Request, route: _Route, record: BedrockRequest, body: Any, raw: bytes, request_id: str
     ) -> web.StreamResponse:
         if route.surface == "aws-external-anthropic" and not request.headers.get("anthropic-workspace-id"):
             return self._anthropic_error(
@@ -1036,6 +1213,12 @@ class FakeBedrock(BackgroundServer):
             )
         if not isinstance(body, dict):
             return self._anthropic_error(400, "invalid_request_error", "body: invalid JSON", request_id)
+        if route.surface == "bedrock-mantle" and self.strict:
+            refusal = _mantle_refusal(_header_betas(request), body, self.beta_families)
+            if refusal is not None:
+                with self._cond:
+                    record.refusal, record.refused = refusal.message, refusal.refused
+                return self._anthropic_error(400, "invalid_request_error", refusal.message, request_id)
         if route.operation == "count_tokens":
             return web.Response(
                 status=200,
@@ -1067,6 +1250,29 @@ class FakeBedrock(BackgroundServer):
             headers={**headers, "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"},
         )
         return await self._send_sse(request, resp, scenario.events, scenario)
+
+
+def _mantle_refusal(betas: list[str], body: dict[str, Any], families: frozenset[str]) -> _Refusal | None:
+    """Mantle's checks, answered in the Anthropic envelope with the first party's wording: betas of
+    :data:`BETA_FAMILIES`, fields of :data:`MANTLE_FIELDS`, no :data:`REFUSED_TOOL_FIELDS` in a tool."""
+    unknown = _unknown_betas(betas, families)
+    if unknown:
+        listed = ", ".join(f"`{b}`" for b in unknown)
+        return _Refusal(
+            f"Unexpected value(s) {listed} for the `anthropic-beta` header. Please consult our documentation at "
+            "docs.anthropic.com or try again without the header.",
+            tuple(f"beta:{b}" for b in unknown),
+        )
+    extra = [k for k in body if k not in MANTLE_FIELDS]
+    refused = [f"field:{k}" for k in extra]
+    messages = [f"{k}: Extra inputs are not permitted" for k in extra]
+    tools = body.get("tools")
+    for i, tool in enumerate(tools if isinstance(tools, list) else ()):
+        for key in sorted(REFUSED_TOOL_FIELDS.intersection(tool) if isinstance(tool, dict) else ()):
+            messages.append(f"tools.{i}.{key}: Extra inputs are not permitted")
+            if f"tool_field:{key}" not in refused:
+                refused.append(f"tool_field:{key}")
+    return _Refusal(messages[0], tuple(refused)) if messages else None
 
 
 def _decode_count_tokens_inner(parsed: Any) -> Any:

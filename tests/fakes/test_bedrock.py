@@ -29,13 +29,17 @@ from adapters._eventstream import EventStreamDecoder, EventStreamError
 
 from .bedrock import (
     BEDROCK_NAMESPACE,
+    BETA_FAMILIES,
     CORAL_NAMESPACE,
+    INVALID_BETA_MESSAGE,
+    INVOKE_FIELDS,
     METRICS_KEY,
     STATUS_SCENARIOS,
     STREAM_EXCEPTION_STATUS,
     STREAM_EXCEPTIONS,
     FakeBedrock,
     bdrk_ids,
+    beta_family,
     converse_name,
     final_bedrock_message,
     scenario_name,
@@ -351,10 +355,251 @@ def test_body_validation(fake: FakeBedrock, body: bytes, needle: str, operation:
 
 
 def test_valid_beta_list_is_accepted(fake: FakeBedrock) -> None:
-    status, headers, data = _signed_post(fake, "/model/fake-text/invoke", _invoke_body(anthropic_beta=["x-2025"]))
+    status, headers, data = _signed_post(
+        fake, "/model/fake-text/invoke", _invoke_body(anthropic_beta=["context-1m-2025-08-07"])
+    )
     assert status == 200
     assert headers["content-type"] == "application/json"
     assert json.loads(data) == bdrk_ids(final_message("fake-text"))
+
+
+# -- what Bedrock accepts (issue 32): refusals in Bedrock's shape, Claude Code's Bedrock mode accepted ----------
+
+#: Claude Code 2.1.332 in its own Bedrock mode (../shared/claude-code-traffic.md, Bedrock-mode column).
+CC_BEDROCK_HEADER_BETAS = "claude-code-20250219,effort-2025-11-24,thinking-token-count-2026-05-13"
+CC_TOOLS: list[dict[str, Any]] = [
+    {"name": "Read", "description": "read a file", "input_schema": {"type": "object"}, "defer_loading": True},
+    {"name": "Bash", "description": "run a command", "input_schema": {"type": "object"}},
+]
+CC_BEDROCK_BODY: dict[str, Any] = {
+    **EXTRA,
+    "messages": MESSAGES,
+    "system": [{"type": "text", "text": "You are Claude Code."}],
+    "tools": CC_TOOLS,
+    "metadata": {"user_id": "user_abc"},
+    "max_tokens": 32000,
+    "thinking": {"type": "adaptive"},
+    "output_config": {"effort": "high"},
+    "anthropic_beta": [
+        "interleaved-thinking-2025-05-14",
+        "tool-search-tool-2025-10-19",
+        "thinking-token-count-2026-05-13",
+    ],
+}
+#: What Claude Code sends only the first party (Messages mode), and betas no provider knows.
+FIRST_PARTY_ONLY_BETAS = [
+    "context-management-2025-06-27",
+    "per-turn-control-2026-07-01",
+    "mid-conversation-tool-changes-2026-07-01",
+    "advanced-tool-use-2025-11-20",
+    "request-tags-2026-08-21",
+    "extended-cache-ttl-2025-04-11",
+    "evil-beta-2099-01-01",
+]
+
+
+def test_beta_family() -> None:
+    assert beta_family("effort-2025-11-24") == beta_family("effort-2026-02-01") == "effort"
+    assert beta_family("claude-code-20250219") == "claude-code"
+    assert beta_family("context-1m-2025-08-07") == "context-1m"
+    assert beta_family("output-128k-2025-02-19") == "output-128k"
+    assert beta_family("no-date") == "no-date"
+
+
+@pytest.mark.parametrize("operation", ["invoke", "invoke-with-response-stream"])
+def test_claude_codes_bedrock_mode_request_is_accepted(fake: FakeBedrock, operation: str) -> None:
+    fake.reset()
+    headers = {"anthropic-beta": CC_BEDROCK_HEADER_BETAS}
+    status, _, data = _signed_post(
+        fake, f"/model/us.anthropic.fake-text-v1:0/{operation}", json.dumps(CC_BEDROCK_BODY).encode(), headers=headers
+    )
+    assert status == 200, data
+    assert fake.requests[-1].refusal is None and fake.requests[-1].refused == ()
+    assert fake.refusals == []
+
+
+def test_every_documented_field_and_beta_family_is_accepted(fake: FakeBedrock) -> None:
+    body: dict[str, Any] = {
+        **CC_BEDROCK_BODY,
+        "stop_sequences": ["END"],
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "top_k": 5,
+        "tool_choice": {"type": "auto"},
+        "output_format": {"type": "json_schema", "schema": {"type": "object"}},
+        "anthropic_beta": [f"{family}-2025-01-01" for family in sorted(BETA_FAMILIES)],
+    }
+    assert set(body) == INVOKE_FIELDS
+    status, _, data = _signed_post(fake, "/model/fake-text/invoke", json.dumps(body).encode())
+    assert status == 200, data
+
+
+@pytest.mark.parametrize("beta", FIRST_PARTY_ONLY_BETAS)
+@pytest.mark.parametrize("operation", ["invoke", "invoke-with-response-stream"])
+def test_an_unknown_beta_is_an_invalid_beta_flag(fake: FakeBedrock, beta: str, operation: str) -> None:
+    fake.reset()
+    body = {**CC_BEDROCK_BODY, "anthropic_beta": ["interleaved-thinking-2025-05-14", beta]}
+    status, headers, data = _signed_post(fake, f"/model/fake-text/{operation}", json.dumps(body).encode())
+    assert status == 400
+    assert headers["x-amzn-errortype"] == f"ValidationException:{BEDROCK_NAMESPACE}"
+    assert json.loads(data) == {"message": INVALID_BETA_MESSAGE}
+    assert (fake.requests[-1].refusal, fake.requests[-1].refused) == (INVALID_BETA_MESSAGE, (f"beta:{beta}",))
+    assert fake.refusals == [fake.requests[-1]]
+
+
+def test_web_search_is_a_vertex_beta_not_a_bedrock_one(fake: FakeBedrock) -> None:
+    body = {**CC_BEDROCK_BODY, "anthropic_beta": ["web-search-2025-03-05"]}
+    status, _, data = _signed_post(fake, "/model/fake-text/invoke", json.dumps(body).encode())
+    assert (status, json.loads(data)) == (400, {"message": INVALID_BETA_MESSAGE})
+
+
+@pytest.mark.parametrize("key", ["model", "stream", "context_management", "tags", "safeguards", "container"])
+def test_an_unknown_top_level_key_is_extraneous(fake: FakeBedrock, key: str) -> None:
+    fake.reset()
+    body = {**CC_BEDROCK_BODY, key: {"edits": []} if key == "context_management" else True}
+    status, headers, data = _signed_post(fake, "/model/fake-text/invoke", json.dumps(body).encode())
+    assert status == 400
+    assert headers["x-amzn-errortype"] == f"ValidationException:{BEDROCK_NAMESPACE}"
+    message = json.loads(data)["message"]
+    assert message == (
+        f"Malformed input request: #: extraneous key [{key}] is not permitted, please reformat your input and try "
+        "again."
+    )
+    assert (fake.requests[-1].refusal, fake.requests[-1].refused) == (message, (f"field:{key}",))
+
+
+def test_eager_input_streaming_in_a_tool_is_extraneous(fake: FakeBedrock) -> None:
+    fake.reset()
+    tools = [*CC_TOOLS, {"name": "Edit", "input_schema": {"type": "object"}, "eager_input_streaming": True}]
+    body = {**CC_BEDROCK_BODY, "tools": tools, "tags": ["a"]}
+    status, _, data = _signed_post(fake, "/model/fake-text/invoke-with-response-stream", json.dumps(body).encode())
+    assert status == 400
+    message = json.loads(data)["message"]
+    assert "#: extraneous key [tags] is not permitted" in message
+    assert "#/tools/2: extraneous key [eager_input_streaming] is not permitted" in message
+    assert fake.requests[-1].refused == ("field:tags", "tool_field:eager_input_streaming")
+
+
+def test_invoke_reads_betas_from_the_body_only(fake: FakeBedrock) -> None:
+    """The ``anthropic-beta`` header is not InvokeModel's: Claude Code sends it there, Bedrock does not read it."""
+    headers = {"anthropic-beta": "context-management-2025-06-27"}
+    status, _, data = _signed_post(fake, "/model/fake-text/invoke", _invoke_body(), headers=headers)
+    assert status == 200, data
+
+
+def test_count_tokens_checks_the_inner_invoke_body(boto: Any, fake: FakeBedrock) -> None:
+    counting = {key: v for key, v in CC_BEDROCK_BODY.items() if key != "anthropic_beta"}
+    counting["anthropic_beta"] = ["claude-code-20250219", "interleaved-thinking-2025-05-14"]
+    body = json.dumps(counting).encode()
+    assert boto.count_tokens(modelId="fake-text", input={"invokeModel": {"body": body}})["inputTokens"] > 3
+    for inner, refused in (
+        ({**counting, "anthropic_beta": ["context-management-2025-06-27"]}, "beta:context-management-2025-06-27"),
+        ({**counting, "context_management": {"edits": []}}, "field:context_management"),
+    ):
+        with pytest.raises(botocore.exceptions.ClientError) as info:
+            boto.count_tokens(modelId="fake-text", input={"invokeModel": {"body": json.dumps(inner).encode()}})
+        assert info.value.response["Error"]["Code"] == "ValidationException"
+        assert fake.requests[-1].operation == "count-tokens"
+        assert fake.requests[-1].refused == (refused,)
+        assert info.value.response["Error"]["Message"] == fake.requests[-1].refusal
+
+
+def test_converse_betas_follow_the_same_rule(boto: Any, fake: FakeBedrock) -> None:
+    request: dict[str, Any] = {"messages": [{"role": "user", "content": [{"text": "hi"}]}]}
+    good = {"anthropic_beta": ["interleaved-thinking-2025-05-14", "context-1m-2025-08-07"]}
+    assert boto.converse(modelId="us.amazon.nova-text", additionalModelRequestFields=good, **request)
+    bad = {"anthropic_beta": ["interleaved-thinking-2025-05-14", "advanced-tool-use-2025-11-20"]}
+    for call in (boto.converse, boto.converse_stream):
+        with pytest.raises(botocore.exceptions.ClientError) as info:
+            call(modelId="us.amazon.nova-text", additionalModelRequestFields=bad, **request)
+        assert info.value.response["Error"]["Code"] == "ValidationException"
+        assert info.value.response["Error"]["Message"] == INVALID_BETA_MESSAGE
+        assert fake.requests[-1].refused == ("beta:advanced-tool-use-2025-11-20",)
+    converse_count = {**request, "additionalModelRequestFields": bad}
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        boto.count_tokens(modelId="fake-text", input={"converse": converse_count})
+    assert info.value.response["Error"]["Message"] == INVALID_BETA_MESSAGE
+
+
+def _mantle_post(fake: FakeBedrock, body: dict[str, Any], betas: str | None = None) -> tuple[int, dict[str, Any]]:
+    headers = {"Authorization": "Bearer bedrock-api-key", "Content-Type": "application/json"}
+    if betas is not None:
+        headers["anthropic-beta"] = betas
+    status, _, data = _post(fake, "/anthropic/v1/messages", json.dumps(body).encode(), headers)
+    return status, json.loads(data) if data.startswith(b"{") else {}
+
+
+MANTLE_BODY: dict[str, Any] = {
+    **{k: v for k, v in CC_BEDROCK_BODY.items() if k not in ("anthropic_version", "anthropic_beta")},
+    "model": "fake-text",
+    "stream": True,
+}
+
+
+def test_mantle_accepts_claude_codes_cloud_request(fake: FakeBedrock) -> None:
+    fake.reset()
+    betas = "claude-code-20250219,interleaved-thinking-2025-05-14,tool-search-tool-2025-10-19,effort-2025-11-24"
+    assert _mantle_post(fake, MANTLE_BODY, betas)[0] == 200
+    assert _mantle_post(fake, {**MANTLE_BODY, "stream": False}, betas)[0] == 200
+    assert fake.refusals == []
+
+
+@pytest.mark.parametrize(
+    ("change", "betas", "message", "refused"),
+    [
+        (
+            {},
+            "claude-code-20250219,context-management-2025-06-27",
+            "Unexpected value(s) `context-management-2025-06-27` for the `anthropic-beta` header. Please consult our "
+            "documentation at docs.anthropic.com or try again without the header.",
+            ("beta:context-management-2025-06-27",),
+        ),
+        (
+            {"context_management": {"edits": []}},
+            None,
+            "context_management: Extra inputs are not permitted",
+            ("field:context_management",),
+        ),
+        ({"tags": ["a"]}, None, "tags: Extra inputs are not permitted", ("field:tags",)),
+        (
+            {"tools": [{**CC_TOOLS[1], "eager_input_streaming": True}]},
+            None,
+            "tools.0.eager_input_streaming: Extra inputs are not permitted",
+            ("tool_field:eager_input_streaming",),
+        ),
+    ],
+)
+def test_mantle_refusals_are_in_the_anthropic_envelope(
+    fake: FakeBedrock, change: dict[str, Any], betas: str | None, message: str, refused: tuple[str, ...]
+) -> None:
+    fake.reset()
+    status, error = _mantle_post(fake, {**MANTLE_BODY, **change}, betas)
+    assert status == 400
+    assert error["type"] == "error"
+    assert error["error"] == {"type": "invalid_request_error", "message": message}
+    assert (fake.requests[-1].refusal, fake.requests[-1].refused) == (message, refused)
+
+
+def test_claude_platform_on_aws_refuses_nothing(fake: FakeBedrock) -> None:
+    """The first party hosted on AWS: every beta and field passes (the protocol's rule)."""
+    body = {**MANTLE_BODY, "stream": False, "context_management": {"edits": []}, "tags": ["a"]}
+    headers = {
+        "x-api-key": "bedrock-api-key",
+        "anthropic-workspace-id": "w",
+        "anthropic-beta": "context-management-2025-06-27,evil-beta-2099-01-01",
+    }
+    status, _, data = _post(fake, "/v1/messages", json.dumps(body).encode(), headers)
+    assert status == 200, data
+
+
+def test_strict_false_keeps_only_the_schema_checks(tmp_path: Path) -> None:
+    with FakeBedrock(strict=False) as lenient:
+        body = {**CC_BEDROCK_BODY, "anthropic_beta": ["evil-beta-2099-01-01"], "context_management": {}}
+        assert _signed_post(lenient, "/model/fake-text/invoke", json.dumps(body).encode())[0] == 200
+        status, _, data = _signed_post(lenient, "/model/fake-text/invoke", _invoke_body(model="fake-text"))
+        assert status == 400 and "extraneous key [model]" in json.loads(data)["message"]
+        assert _mantle_post(lenient, {**MANTLE_BODY, "tags": []}, "evil-beta-2099-01-01")[0] == 200
+        assert lenient.refusals == [lenient.requests[1]]  # the schema refusal is recorded too
 
 
 # -- botocore client --------------------------------------------------------------------------

@@ -40,7 +40,9 @@ from .foundry import (
 from .foundry import count_input_tokens as foundry_count
 from .vertex import (
     ANTHROPIC_VERSION,
+    BETA_FAMILIES,
     CLOUD_PLATFORM_SCOPE,
+    FIELDS,
     GOOGLE_STATUS_SCENARIOS,
     GOOGLE_TOKEN_AUDIENCE,
     JWT_GRANT_TYPE,
@@ -52,6 +54,7 @@ from .vertex import (
     sign_jwt,
     stream_body,
     stream_events,
+    unexpected_betas_message,
     vrtx_ids,
 )
 
@@ -361,10 +364,10 @@ def test_vertex_model_level_errors(vclient: AnthropicVertex) -> None:
 
 def test_vertex_beta_header_is_recorded(vclient: AnthropicVertex, fake: FakeVertex) -> None:
     vclient.beta.messages.create(
-        model="fake-text", max_tokens=8, messages=MESSAGES, betas=["fake-beta-2025-01-01"], extra_body=VERTEX_EXTRA
+        model="fake-text", max_tokens=8, messages=MESSAGES, betas=["context-1m-2025-08-07"], extra_body=VERTEX_EXTRA
     )
     recorded = fake.requests[-1]
-    assert recorded.anthropic_beta == "fake-beta-2025-01-01"
+    assert recorded.anthropic_beta == "context-1m-2025-08-07"
     assert recorded.route == "rawPredict"
 
 
@@ -518,6 +521,144 @@ def test_vertex_token_delay(fake: FakeVertex, tmp_path: Path) -> None:
     assert fake.token_requests[-1].access_token == creds.token
 
 
+# -- what Vertex accepts (issue 32): refusals in the Anthropic envelope, Claude Code's Vertex mode accepted -------
+
+#: Claude Code 2.1.332 in its own Vertex mode (../shared/claude-code-traffic.md, Vertex-mode column).
+CC_VERTEX_BETAS = (
+    "claude-code-20250219,interleaved-thinking-2025-05-14,web-search-2025-03-05,tool-search-tool-2025-10-19,"
+    "effort-2025-11-24,thinking-token-count-2026-05-13"
+)
+CC_TOOLS: list[dict[str, Any]] = [
+    {"name": "Read", "description": "read a file", "input_schema": {"type": "object"}, "defer_loading": True},
+    {"name": "Bash", "description": "run a command", "input_schema": {"type": "object"}},
+]
+CC_VERTEX_BODY: dict[str, Any] = {
+    **VERTEX_EXTRA,
+    "messages": MESSAGES,
+    "system": [{"type": "text", "text": "You are Claude Code."}],
+    "tools": CC_TOOLS,
+    "metadata": {"user_id": "user_abc"},
+    "max_tokens": 32000,
+    "thinking": {"type": "adaptive"},
+    "output_config": {"effort": "high"},
+    "stream": True,
+}
+#: What Claude Code sends only the first party (Messages mode), and betas no provider knows.
+FIRST_PARTY_ONLY_BETAS = [
+    "context-management-2025-06-27",
+    "per-turn-control-2026-07-01",
+    "mid-conversation-tool-changes-2026-07-01",
+    "advanced-tool-use-2025-11-20",
+    "request-tags-2026-08-21",
+    "prompt-caching-scope-2026-01-05",
+    "evil-beta-2099-01-01",
+]
+
+
+def _beta_post(fake: FakeVertex, url: str, body: Any, betas: str | None) -> httpx.Response:
+    headers = {"content-type": "application/json", "authorization": f"Bearer {fake.issue_token()}"}
+    if betas is not None:
+        headers["anthropic-beta"] = betas
+    return httpx.post(url, content=json.dumps(body).encode(), headers=headers, timeout=10)
+
+
+@pytest.mark.parametrize("specifier", ["streamRawPredict", "rawPredict"])
+@pytest.mark.parametrize("stream", [True, False])
+def test_vertex_accepts_claude_codes_vertex_mode_request(fake: FakeVertex, specifier: str, stream: bool) -> None:
+    got = _beta_post(
+        fake, _vertex_url(fake, "fake-text", specifier), {**CC_VERTEX_BODY, "stream": stream}, CC_VERTEX_BETAS
+    )
+    assert got.status_code == 200, got.text
+    assert fake.requests[-1].refusal is None and fake.refusals == []
+
+
+def test_vertex_accepts_every_field_and_beta_family(fake: FakeVertex) -> None:
+    body: dict[str, Any] = {
+        **CC_VERTEX_BODY,
+        "stop_sequences": ["END"],
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "top_k": 5,
+        "tool_choice": {"type": "auto"},
+        "output_format": {"type": "json_schema", "schema": {"type": "object"}},
+        "anthropic_beta": ["context-1m-2025-08-07"],
+    }
+    assert set(body) == FIELDS
+    betas = ",".join(f"{family}-2025-01-01" for family in sorted(BETA_FAMILIES))
+    got = _beta_post(fake, _vertex_url(fake, "fake-text", "streamRawPredict"), body, betas)
+    assert got.status_code == 200, got.text
+
+
+@pytest.mark.parametrize("beta", FIRST_PARTY_ONLY_BETAS)
+@pytest.mark.parametrize("route", ["streamRawPredict", "rawPredict", "count-tokens"])
+def test_vertex_refuses_an_unknown_beta(fake: FakeVertex, beta: str, route: str) -> None:
+    if route == "count-tokens":
+        url, body = _vertex_url(fake, "count-tokens"), {"model": "fake-text", "messages": MESSAGES}
+    else:
+        url, body = _vertex_url(fake, "fake-text", route), CC_VERTEX_BODY
+    got = _beta_post(fake, url, body, f"claude-code-20250219, {beta}")
+    assert got.status_code == 400
+    message = (
+        f"Unexpected value(s) `{beta}` for the `anthropic-beta` header. Please consult our documentation at "
+        "docs.anthropic.com or try again without the header."
+    )
+    assert got.json()["type"] == "error"
+    assert got.json()["error"] == {"type": "invalid_request_error", "message": message}
+    assert got.json()["request_id"].startswith("req_vrtx_")
+    assert (fake.requests[-1].refusal, fake.requests[-1].refused) == (message, (f"beta:{beta}",))
+    assert fake.refusals == [fake.requests[-1]]
+
+
+def test_vertex_names_every_unknown_beta_and_reads_a_body_anthropic_beta(fake: FakeVertex) -> None:
+    url = _vertex_url(fake, "fake-text")
+    got = _beta_post(fake, url, CC_VERTEX_BODY, "evil-a-2099-01-01,effort-2025-11-24,evil-b-2099-01-01")
+    assert got.json()["error"]["message"] == unexpected_betas_message(["evil-a-2099-01-01", "evil-b-2099-01-01"])
+    assert "`evil-a-2099-01-01`, `evil-b-2099-01-01`" in got.json()["error"]["message"]
+    got = _beta_post(fake, url, {**CC_VERTEX_BODY, "anthropic_beta": ["dev-full-thinking-2025-05-14"]}, None)
+    assert got.status_code == 400  # a Bedrock beta, not a Vertex one
+    assert fake.requests[-1].refused == ("beta:dev-full-thinking-2025-05-14",)
+
+
+@pytest.mark.parametrize("key", ["context_management", "tags", "safeguards", "container", "model"])
+def test_vertex_refuses_an_extra_top_level_field(fake: FakeVertex, key: str) -> None:
+    body = {**CC_VERTEX_BODY, key: "fake-text" if key == "model" else {"edits": []}}
+    got = _beta_post(fake, _vertex_url(fake, "fake-text", "streamRawPredict"), body, CC_VERTEX_BETAS)
+    assert got.status_code == 400
+    assert got.json()["error"] == {"type": "invalid_request_error", "message": f"{key}: Extra inputs are not permitted"}
+    assert fake.requests[-1].refused == (f"field:{key}",)
+
+
+def test_vertex_count_tokens_takes_model_but_not_first_party_fields(fake: FakeVertex) -> None:
+    url = _vertex_url(fake, "count-tokens")
+    body = {"model": "fake-text", "messages": MESSAGES, "tools": CC_TOOLS, "system": "be brief"}
+    assert _beta_post(fake, url, body, "claude-code-20250219,token-efficient-tools-2025-02-19").status_code == 200
+    got = _beta_post(fake, url, {**body, "context_management": {}}, None)
+    assert got.status_code == 400
+    assert got.json()["error"]["message"] == "context_management: Extra inputs are not permitted"
+
+
+def test_vertex_refuses_eager_input_streaming_in_a_tool(fake: FakeVertex) -> None:
+    tools = [*CC_TOOLS, {"name": "Edit", "input_schema": {"type": "object"}, "eager_input_streaming": True}]
+    got = _beta_post(fake, _vertex_url(fake, "fake-text", "streamRawPredict"), {**CC_VERTEX_BODY, "tools": tools}, None)
+    assert got.status_code == 400
+    assert got.json()["error"]["message"] == "tools.2.eager_input_streaming: Extra inputs are not permitted"
+    assert fake.requests[-1].refused == ("tool_field:eager_input_streaming",)
+
+
+def test_vertex_extra_betas_and_strict_false() -> None:
+    with FakeVertex(extra_betas=["context-management-2025-06-27"]) as wide:
+        url = _vertex_url(wide, "fake-text")
+        assert _beta_post(wide, url, CC_VERTEX_BODY, "context-management-2025-06-27").status_code == 200
+        assert _beta_post(wide, url, CC_VERTEX_BODY, "per-turn-control-2026-07-01").status_code == 400
+    with FakeVertex(strict=False) as lenient:
+        url = _vertex_url(lenient, "fake-text")
+        body = {**CC_VERTEX_BODY, "context_management": {}, "tags": ["a"]}
+        assert _beta_post(lenient, url, body, "evil-beta-2099-01-01").status_code == 200
+        got = _beta_post(lenient, url, {**CC_VERTEX_BODY, "model": "fake-text"}, None)
+        assert got.json()["error"]["message"] == "model: Extra inputs are not permitted"  # the older check stays
+        assert lenient.refusals == []
+
+
 # =============================================================================================
 # Foundry
 # =============================================================================================
@@ -604,6 +745,29 @@ def test_foundry_api_key_headers(ffake: FakeFoundry) -> None:
     unknown = _foundry_post(ffake, "/v1/models", body, {"api-key": "foundry-key"})
     assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "404")
     assert ffake.requests[-1].operation is None
+
+
+def test_foundry_passes_claude_codes_messages_mode_request(ffake: FakeFoundry) -> None:
+    """Foundry is the first-party API: the betas and fields only the first party takes are not refused."""
+    betas = (
+        "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27,"
+        "per-turn-control-2026-07-01,mid-conversation-tool-changes-2026-07-01,advanced-tool-use-2025-11-20,"
+        "effort-2025-11-24,thinking-token-count-2026-05-13,evil-beta-2099-01-01"
+    )
+    tools = [{"name": "Bash", "input_schema": {"type": "object"}, "eager_input_streaming": True, "defer_loading": True}]
+    body = {
+        "model": "fake-text",
+        "max_tokens": 8,
+        "messages": MESSAGES,
+        "tools": tools,
+        "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+        "tags": ["team-a"],
+        "stream": True,
+    }
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        got = _foundry_post(ffake, path, body, {"api-key": "foundry-key", "anthropic-beta": betas})
+        assert got.status_code == 200, got.text
+        assert ffake.requests[-1].anthropic_beta == betas
 
 
 def test_foundry_sdk_wrong_key(ffake: FakeFoundry) -> None:

@@ -38,6 +38,16 @@ Google shape); for (stream)RawPredict ``model`` absent (else 400 ``invalid_reque
 (else 404 ``NOT_FOUND``, Google shape, as observed); for count-tokens ``model`` present (else 400
 "model: Field required"; ``anthropic_version`` is not checked there).
 
+**Strict by default** (``FakeVertex(strict=False)`` keeps only the checks above; ``extra_betas=`` or an assigned
+``fake.beta_families`` widens the betas), after the JSON-object check
+(issue 32): a beta of the ``anthropic-beta`` header (or of a body ``anthropic_beta``) whose family
+(:func:`beta_family`, the name without its date) is not in :data:`BETA_FAMILIES` is 400 ``invalid_request_error``
+"Unexpected value(s) `<beta>` for the `anthropic-beta` header. …" (the Anthropic API's wording); a top-level field
+outside :data:`FIELDS` (count-tokens: :data:`COUNT_TOKENS_FIELDS`) is 400 "<key>: Extra inputs are not permitted"
+(``model`` first, as above), and :data:`REFUSED_TOOL_FIELDS` in a tool definition is 400
+"tools.<i>.<key>: Extra inputs are not permitted". Each refusal is recorded on the request
+(:attr:`VertexRequest.refusal`, :attr:`VertexRequest.refused`; :attr:`FakeVertex.refusals`).
+
 **Scenarios.** The model (path segment, or body ``model`` for count-tokens) minus an ``@date`` suffix
 (:func:`scenario_name`) names a FakeClaudeAPI scenario (``fake-text``, ``fake-citations``,
 ``fake-tools``, ``fake-thinking``, ``fake-text-d200``, ``fake-slow`` …; unknown names behave like
@@ -81,14 +91,19 @@ from .claude_api import RecordedRequest, Scenario, accumulate, encode_event, get
 
 __all__ = [
     "ANTHROPIC_VERSION",
+    "BETA_FAMILIES",
     "CLOUD_PLATFORM_SCOPE",
+    "COUNT_TOKENS_FIELDS",
+    "FIELDS",
     "GOOGLE_STATUS_SCENARIOS",
     "GOOGLE_TOKEN_AUDIENCE",
     "JWT_GRANT_TYPE",
+    "REFUSED_TOOL_FIELDS",
     "UNAUTHENTICATED_MESSAGE",
     "FakeVertex",
     "TokenRequest",
     "VertexRequest",
+    "beta_family",
     "count_input_tokens",
     "final_vertex_message",
     "google_error",
@@ -98,6 +113,7 @@ __all__ = [
     "sign_jwt",
     "stream_body",
     "stream_events",
+    "unexpected_betas_message",
     "vertex_event",
     "vrtx_ids",
 ]
@@ -136,6 +152,65 @@ _ROUTE_RE = re.compile(
     r"(?P<model>[^/:]+):(?P<specifier>rawPredict|streamRawPredict)$"
 )
 _COUNTED_FIELDS = ("system", "messages", "tools", "tool_choice", "thinking")
+
+# ---------------------------------------------------------------------------------------------
+# What Vertex accepts (issue 32): the one place the fake's strictness is defined
+# ---------------------------------------------------------------------------------------------
+
+#: Beta families (a beta name without its ``-YYYY-MM-DD`` / ``-YYYYMMDD`` date) Claude on Vertex takes in the
+#: ``anthropic-beta`` header. Sources: what Claude Code 2.1.332 sends Vertex in its own Vertex mode
+#: (../shared/claude-code-traffic.md, Vertex-mode column: ``claude-code``, ``interleaved-thinking``, ``web-search``,
+#: ``tool-search-tool``, ``effort``, ``thinking-token-count``) and Google's "Claude on Vertex AI" pages (betas in the
+#: header: ``computer-use``, ``token-efficient-tools``, ``output-128k``, ``context-1m``,
+#: ``fine-grained-tool-streaming``). Not taken: the first party's ``context-management``, ``per-turn-control``,
+#: ``mid-conversation-tool-changes``, ``advanced-tool-use`` (Vertex gets ``tool-search-tool``), ``request-tags``,
+#: ``prompt-caching-scope`` (LiteLLM #19984/#20021) …
+BETA_FAMILIES = frozenset(
+    {
+        "claude-code",
+        "interleaved-thinking",
+        "web-search",
+        "tool-search-tool",
+        "effort",
+        "thinking-token-count",
+        "computer-use",
+        "token-efficient-tools",
+        "output-128k",
+        "context-1m",
+        "fine-grained-tool-streaming",
+    }
+)
+#: Top-level ``:rawPredict`` / ``:streamRawPredict`` body fields: Bedrock InvokeModel's (AWS, "Anthropic Claude
+#: Messages API — Request and Response"; the same Messages body less ``model``) plus ``stream``; the capture's
+#: Vertex-mode column sends ``anthropic_version``, ``messages``, ``system``, ``tools``, ``metadata``, ``max_tokens``,
+#: ``thinking``, ``output_config``, ``stream`` (no ``context_management``). Others (``model``,
+#: ``context_management``, ``tags``, ``safeguards`` …): "<key>: Extra inputs are not permitted".
+FIELDS = frozenset(
+    {
+        "anthropic_version",
+        "anthropic_beta",
+        "messages",
+        "system",
+        "max_tokens",
+        "metadata",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "top_k",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "output_config",
+        "output_format",
+        "stream",
+    }
+)
+COUNT_TOKENS_FIELDS = FIELDS | {"model"}  # count-tokens:rawPredict names the model in the body
+#: Tool-definition fields Vertex refuses: fine-grained tool streaming's per-tool flag (anthropics/claude-code#33229);
+#: Claude Code in Vertex mode sends only ``name``, ``description``, ``input_schema``, ``defer_loading`` (the capture).
+REFUSED_TOOL_FIELDS = frozenset({"eager_input_streaming"})
+
+_BETA_DATE = re.compile(r"-\d{4}-?\d{2}-?\d{2}$")
 
 # ---------------------------------------------------------------------------------------------
 # Scenarios and wire helpers
@@ -213,6 +288,40 @@ def count_input_tokens(body: dict[str, Any]) -> int:
     """The fake's token count: from the content fields only, so ``model``/``anthropic_version`` don't matter."""
     counted = {k: body[k] for k in _COUNTED_FIELDS if k in body}
     return len(_compact(counted).encode()) // 4 + 3
+
+
+def beta_family(name: str) -> str:
+    """A beta's feature: ``effort-2025-11-24`` -> ``effort`` (``claude-code-20250219`` -> ``claude-code``)."""
+    return _BETA_DATE.sub("", name.strip())
+
+
+def unexpected_betas_message(betas: list[str]) -> str:
+    """The Anthropic API's answer to betas it does not know (Vertex relays it)."""
+    listed = ", ".join(f"`{b}`" for b in betas)
+    return (
+        f"Unexpected value(s) {listed} for the `anthropic-beta` header. Please consult our documentation at "
+        "docs.anthropic.com or try again without the header."
+    )
+
+
+def _refusal(
+    betas: list[str], body: dict[str, Any], fields: frozenset[str], families: frozenset[str] = BETA_FAMILIES
+) -> tuple[str, tuple[str, ...]] | None:
+    """(message, refused) for what Vertex refuses of a request: unknown betas, then extra fields (the first one
+    named in the message; ``model`` first of all), then refused tool fields."""
+    unknown = [b for b in betas if beta_family(b) not in families]
+    if unknown:
+        return unexpected_betas_message(unknown), tuple(f"beta:{b}" for b in unknown)
+    extra = sorted((k for k in body if k not in fields), key=lambda k: k != "model")
+    messages = [f"{k}: Extra inputs are not permitted" for k in extra]
+    refused = [f"field:{k}" for k in extra]
+    tools = body.get("tools")
+    for i, tool in enumerate(tools if isinstance(tools, list) else ()):
+        for key in sorted(REFUSED_TOOL_FIELDS.intersection(tool) if isinstance(tool, dict) else ()):
+            messages.append(f"tools.{i}.{key}: Extra inputs are not permitted")
+            if f"tool_field:{key}" not in refused:
+                refused.append(f"tool_field:{key}")
+    return (messages[0], tuple(refused)) if messages else None
 
 
 def google_error(status: int, google_status: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -305,6 +414,8 @@ class VertexRequest(RecordedRequest):
     anthropic_version: Any = None  # the body's ``anthropic_version``
     token: str | None = None  # the bearer token sent
     auth_error: str | None = None  # "missing", "unknown", "expired" or "revoked"
+    refusal: str | None = None  # the message when the request was refused (a 400 the real service answers too)
+    refused: tuple[str, ...] = ()  # what was refused: ``beta:<name>``, ``field:<key>``, ``tool_field:<key>``
 
 
 @dataclass
@@ -332,8 +443,20 @@ class _Counters:
 class FakeVertex(BackgroundServer):
     """The fake Vertex AI endpoint and token server. ``with FakeVertex() as fake: ...`` starts and stops it."""
 
-    def __init__(self, *, project: str = "fake-project", token_lifetime_s: int = 3600) -> None:
+    def __init__(
+        self,
+        *,
+        project: str = "fake-project",
+        token_lifetime_s: int = 3600,
+        strict: bool = True,
+        extra_betas: tuple[str, ...] | list[str] = (),
+    ) -> None:
         self.project = project
+        #: refuse unknown betas and fields as Vertex does (module docstring); False: only the older checks
+        self.strict = strict
+        #: the beta families taken: :data:`BETA_FAMILIES` plus ``extra_betas`` (names or families), e.g. a beta
+        #: the provider ships before the gateway knows it (an operator's ``betas: {allow: …}``); assignable
+        self.beta_families: frozenset[str] = BETA_FAMILIES | {beta_family(b) for b in extra_betas}
         #: ``expires_in`` of tokens issued from now on (also their server-side lifetime)
         self.token_lifetime_s = token_lifetime_s
         #: seconds the token endpoint waits before answering
@@ -364,6 +487,11 @@ class FakeVertex(BackgroundServer):
     def requests(self) -> list[VertexRequest]:
         with self._cond:
             return list(self._state.requests)
+
+    @property
+    def refusals(self) -> list[VertexRequest]:
+        """The recorded requests refused for a beta or a field (``refusal`` set), oldest first."""
+        return [r for r in self.requests if r.refusal is not None]
 
     @property
     def token_requests(self) -> list[TokenRequest]:
@@ -672,6 +800,17 @@ class FakeVertex(BackgroundServer):
             return self._google_error(400, "INVALID_ARGUMENT", "Invalid JSON payload received. Expected an object.")
 
         request_id = f"req_vrtx_{uuid.uuid4().hex[:24]}"
+        if self.strict:
+            betas = [b.strip() for v in request.headers.getall("anthropic-beta", []) for b in v.split(",")]
+            body_betas = parsed.get("anthropic_beta")
+            if isinstance(body_betas, list):
+                betas += [b for b in body_betas if isinstance(b, str)]
+            fields = COUNT_TOKENS_FIELDS if route == "count-tokens" else FIELDS
+            refusal = _refusal([b for b in betas if b], parsed, fields, self.beta_families)
+            if refusal is not None:
+                with self._cond:
+                    record.refusal, record.refused = refusal
+                return self._anthropic_error(400, "invalid_request_error", refusal[0], request_id)
         if route == "count-tokens":
             return self._count_tokens(parsed, record, request_id)
         if "model" in parsed:
