@@ -281,14 +281,15 @@ def filter_request(profile: Profile, request: ProxyRequest) -> Filtered:
     changes: dict[str, Any] = {}
     tool_dropped: list[str] = []
     tools = fields.get("tools")
-    body = request.body  # one substring search of the body before any decode of its tools
-    if profile.tool_drops and tools is not None and any(name.encode() in body for name in profile.tool_drops):
+    if profile.tool_drops and tools is not None and _mentions(tools, profile.tool_drops):
         cleaned, tool_dropped = profile.tools_without(msgspec.json.decode(tools))
         if tool_dropped:
             changes["tools"] = cleaned
     merged: tuple[str, ...] = ()
     messages = fields.get("messages")
-    if profile.fields is not None and messages is not None and _SYSTEM_ROLE.search(memoryview(messages)) is not None:
+    # a system turn comes with the first party's own betas (Claude Code in Messages mode sends both): only then are
+    # the turns' roles read (a C decode that skips their content), so a cloud's own client pays nothing for it
+    if profile.fields is not None and messages is not None and dropped and _has_system_turn(messages):
         changes["messages"] = _without_system_turns(msgspec.json.decode(messages))
         merged = ("message:system_role",)
     out = (
@@ -301,7 +302,26 @@ def filter_request(profile: Profile, request: ProxyRequest) -> Filtered:
     return Filtered(",".join(betas) if betas else None, betas, changes, drop, out)
 
 
-_SYSTEM_ROLE = re.compile(rb'"role"\s*:\s*"system"')
+def _mentions(raw: msgspec.Raw, names: frozenset[str]) -> bool:
+    """Whether the raw JSON of ``tools`` holds one of ``names`` (a substring search of the tools alone, before any
+    decode of them)."""
+    text = bytes(raw)
+    return any(name.encode() in text for name in names)
+
+
+class _Turn(msgspec.Struct):
+    role: str = ""
+
+
+_TURNS = msgspec.json.Decoder(list[_Turn])
+
+
+def _has_system_turn(messages: msgspec.Raw) -> bool:
+    """Whether a turn of ``messages`` has ``role: system`` (its content skipped, not decoded)."""
+    try:
+        return any(turn.role == "system" for turn in _TURNS.decode(messages))
+    except msgspec.DecodeError:
+        return False
 
 
 def _reminder(content: Any) -> list[Any]:
