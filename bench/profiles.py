@@ -45,8 +45,17 @@ BODY = json.dumps(
 ).encode()
 
 
+SMALL = json.dumps(
+    {"model": "claude-sonnet-4-6", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+).encode()  # the body of bench.run's scenarios (burst-c10, bedrock-burst-c10): no betas
+
+
 def _request() -> ProxyRequest:
     return ProxyRequest(body=BODY, model="claude-sonnet-4-6", stream=True, request_id="r", anthropic_beta=BETAS)
+
+
+def _small() -> ProxyRequest:
+    return ProxyRequest(body=SMALL, model="claude-sonnet-4-6", stream=True, request_id="r")
 
 
 def _time(fn: Callable[[], object], n: int) -> float:
@@ -63,6 +72,8 @@ def main(rounds: int = 10, n: int = 2000) -> None:
         return _request().fields()
 
     cases: dict[str, Callable[[], object]] = {
+        "small: top-level decode": lambda: _small().fields(),
+        "small: bedrock (decode + profile)": lambda: filter_request(bedrock, _small()),
         "top-level decode (the baseline)": fields_only,
         "first party (pass-through)": lambda: filter_request(first, _request()),
         "bedrock (decode + profile)": lambda: filter_request(bedrock, _request()),
