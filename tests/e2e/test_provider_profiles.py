@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import RunningGateway, access_lines, run_gateway
 from tests.fakes.bedrock import FakeBedrock
-from tests.fakes.claude_api import FakeClaudeAPI
+from tests.fakes.claude_api import THINKING_SIGNATURE, FakeClaudeAPI
 from tests.fakes.foundry import FakeFoundry
 from tests.fakes.vertex import FakeVertex
 
@@ -110,6 +110,8 @@ models:
   to-vertex: {{targets: [{{provider: vertex, model: fake-text}}]}}
   to-vertex-wide: {{targets: [{{provider: vertex-wide, model: fake-text}}]}}
   to-foundry: {{targets: [{{provider: foundry, model: fake-text}}]}}
+  think-invoke: {{targets: [{{provider: invoke, model: us.anthropic.fake-thinking-v1:0}}]}}
+  think-claude: {{targets: [{{provider: claude, model: fake-thinking}}]}}
 """
 
 
@@ -262,7 +264,7 @@ CONVERSATION = [
     {
         "role": "assistant",
         "content": [
-            {"type": "thinking", "thinking": "I should call ls.", "signature": "EqoBCkYIBxgCKkD" + "a1B2" * 40 + "=="},
+            {"type": "thinking", "thinking": "I should call ls.", "signature": THINKING_SIGNATURE},
             {"type": "redacted_thinking", "data": "EmwKAhgBEgy3" + "Zz9/" * 30},
             {"type": "tool_use", "id": "toolu_01A", "name": "Bash", "input": {"command": "ls"}},
         ],
@@ -303,3 +305,33 @@ def test_thinking_signatures_and_cache_control_reach_the_target_byte_for_byte(
     )
     assert resp.status_code == 200, resp.text
     assert messages in fake.requests[before].body  # signatures, redacted data, cache_control ttl: as sent
+
+
+def test_a_thinking_turn_from_bedrock_replayed_to_the_claude_api_keeps_its_signature(
+    gw: RunningGateway, fake_claude: FakeClaudeAPI
+) -> None:
+    """A conversation moves between targets (a fallback, a reroute): the thinking block Bedrock answered goes back,
+    next turn, to the Claude API, whose check of the signature (the fake's, as the API's) passes; a changed one is
+    refused, and the client reads the API's message."""
+    ask = {"max_tokens": 2048, "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    first_turn = [{"role": "user", "content": "think, then answer"}]
+    headers = {"x-api-key": "gw-key"}
+    answer = httpx.post(
+        f"{gw.url}/v1/messages", json={"model": "think-invoke", "messages": first_turn, **ask}, headers=headers
+    )
+    assert answer.status_code == 200, answer.text
+    content = answer.json()["content"]
+    assert content[0]["type"] == "thinking" and content[0]["signature"] == THINKING_SIGNATURE
+    replay = [*first_turn, {"role": "assistant", "content": content}, {"role": "user", "content": "and then?"}]
+    before = len(fake_claude.requests)
+    resp = httpx.post(
+        f"{gw.url}/v1/messages", json={"model": "think-claude", "messages": replay, **ask}, headers=headers
+    )
+    assert resp.status_code == 200, resp.text
+    assert fake_claude.requests[before].json["messages"][1]["content"][0]["signature"] == THINKING_SIGNATURE
+    tampered = [dict(block) for block in content]
+    tampered[0]["signature"] = THINKING_SIGNATURE[:-4] + "AAAA"
+    replay[1] = {"role": "assistant", "content": tampered}
+    for alias in ("think-claude", "think-invoke"):
+        refused = httpx.post(f"{gw.url}/v1/messages", json={"model": alias, "messages": replay, **ask}, headers=headers)
+        assert refused.status_code == 400 and "Invalid `signature`" in refused.json()["error"]["message"], refused.text

@@ -79,7 +79,7 @@ from adapters._eventstream import HeaderValue, encode_message
 
 from ._server import BackgroundServer
 from .claude_api import STATUS_SCENARIOS as CLAUDE_STATUS_SCENARIOS
-from .claude_api import RecordedRequest, Scenario, accumulate, get_scenario, rename_ids
+from .claude_api import RecordedRequest, Scenario, accumulate, get_scenario, rename_ids, signature_problem
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -1018,9 +1018,12 @@ class FakeBedrock(BackgroundServer):
     ) -> web.StreamResponse:
         assert record.model_id is not None
         model_id = record.model_id
-        _, refusal = _check_invoke_body(body, strict=self.strict, families=self.beta_families)
+        parsed, refusal = _check_invoke_body(body, strict=self.strict, families=self.beta_families)
         if refusal is not None:
             return self._refuse(record, refusal, request_id)
+        problem = signature_problem(parsed)
+        if problem is not None:  # Bedrock relays the model's own check: the API's message
+            return self._refuse(record, _Refusal(problem, ("thinking_signature",)), request_id)
         name = scenario_name(model_id)
         if name in STATUS_SCENARIOS:
             return self._status_error(STATUS_SCENARIOS[name][1], request_id)

@@ -465,6 +465,25 @@ def _sc_pause(model: str, n_deltas: int | None = None) -> list[Event]:
 
 
 THINKING_SIGNATURE = _b64_blob("thinking-signature", 349)
+ISSUED_SIGNATURES = frozenset({THINKING_SIGNATURE})
+"""The signatures the fakes put on thinking blocks: a thinking block sent back must carry one of them, verbatim."""
+
+
+def signature_problem(body: Any) -> str | None:
+    """The API's refusal of a body whose assistant turn holds a thinking block with a signature the fakes never
+    issued (the real API checks it; a gateway that re-encodes or loses one breaks multi-turn thinking), else None."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list) or message.get("role") != "assistant":
+            continue
+        for j, block in enumerate(content):
+            thinking = isinstance(block, dict) and block.get("type") == "thinking"
+            if thinking and block.get("signature") not in ISSUED_SIGNATURES:
+                return f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
+    return None
+
+
 REDACTED_THINKING_DATA = _b64_blob("redacted-thinking", 256)
 
 
@@ -755,6 +774,9 @@ class FakeClaudeAPI(BackgroundServer):
             elif status == 529:
                 extra = {"x-should-retry": "true"}
             return self._error(status, error_type, message, request_id, **extra)
+        problem = signature_problem(body)
+        if problem is not None:
+            return self._error(400, "invalid_request_error", problem, request_id)
         scenario = get_scenario(model)
         if body.get("stream") is True:
             return await self._stream(request, scenario, request_id)
