@@ -115,6 +115,7 @@ class BedrockAdapter(HttpAdapter):
     async def count_tokens(self, request: ProxyRequest, model: str) -> JsonReply:
         """Bedrock's CountTokens; an application inference profile (it cannot count) or a count Bedrock refuses is
         ``501 not_supported`` (``x-should-retry: false``): the client counts on its own (the gateway contract)."""
+        self.url(model, "count-tokens")  # a name no URL may hold is a 400 first, as for every operation
         if ":application-inference-profile/" in model:
             raise NotSupported(
                 f"count_tokens: Bedrock cannot count tokens for an application inference profile ({self.name!r})"

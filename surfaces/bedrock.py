@@ -31,7 +31,7 @@ import msgspec
 from adapters._eventstream import HeaderValue, encode_chunks, encode_message
 from gateway.wire.errors import InvalidRequest
 from gateway.wire.events import Batch, EventView, Usage, UsageView, decode_view
-from gateway.wire.request import BETA_NAME
+from gateway.wire.request import BETA_NAME, MAX_BETAS
 from gateway.wire.sse import split_block
 from gateway.wire.usage_fold import fold_usage
 from surfaces.base import PathCall, Routes, Send, Wire, canonical_body, resolve_cloud_model
@@ -285,6 +285,8 @@ class BedrockCall(PathCall):
                 listed = msgspec.json.decode(betas, type=list[str])
             except msgspec.ValidationError:
                 raise InvalidRequest("anthropic_beta: a list of beta names") from None
+            if len(listed) > MAX_BETAS:
+                raise InvalidRequest(f"anthropic_beta: more than {MAX_BETAS} beta names")
             for name in listed:  # each a token: a JSON string may hold CR, LF, or what latin-1 cannot encode
                 if BETA_NAME.fullmatch(name) is None:
                     shown = name if len(name) <= 40 else name[:40] + "…"

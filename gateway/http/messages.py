@@ -255,9 +255,9 @@ async def _serve(
         context.key = key
         server = runtime.settings.server
         body = await _read(scope, receive, headers, server.client_timeout_s, server.max_request_bytes)
+        check_betas(headers.get("anthropic-beta"))  # the client's header (a Bedrock body's list: the surface checks it)
         if call is not None:  # a Bedrock- or Vertex-shaped request: the Messages body it stands for
             body = call.canonical(body, headers, runtime.routes)
-        check_betas(headers.get("anthropic-beta"))  # the header, a Bedrock body's list merged into it alike
         if count:
             model, stream, max_tokens = parse_count_tokens(body).model, False, None
         else:
