@@ -16,7 +16,7 @@ from gateway.context import DRAIN_CANCEL, RequestContext
 from gateway.governance.identity import Identity, IssuedKeys
 from gateway.governance.keys import ClientKey
 from gateway.governance.ledger import Ledger
-from gateway.governance.limits import Counters, Limiter, RedisCounters
+from gateway.governance.limits import Counters, Limiter, MemoryCounters, RedisCounters, budget_periods, seed_budgets
 from gateway.governance.store import open_store
 from gateway.observability.metrics import Metrics
 from gateway.observability.recording import Recorder
@@ -241,9 +241,24 @@ class Gateway:
             self._ledger_task = loop.create_task(self.ledger.run())
         if self.identity.issued is not None and self._keys_task is None:
             self._keys_task = loop.create_task(self.identity.issued.run())
+        limiter = self.limiter
+        memory = isinstance(limiter.counters, MemoryCounters)
+        if self.ledger is not None and memory and limiter.seeding is None and budget_periods(self.settings):
+            limiter.seeding = loop.create_task(self._seed_budgets())  # a restart hands out no new budget (issue 33)
+
+    async def _seed_budgets(self) -> None:
+        assert self.ledger is not None
+        try:
+            store = await self.ledger.ready()
+            seeded = await seed_budgets(self.limiter, self.settings, store)
+        except Exception as exc:  # the store is down: budgets start from what this process counts
+            log.warning("budgets: the ledger's spend could not be read (%s); budgets count from now", exc)
+            return
+        log.info("budgets: %d spend counters seeded from the ledger", seeded)
 
     async def aclose(self) -> None:
-        for background in (self._keys_task, self._ledger_task):
+        seeding = self.limiter.seeding
+        for background in (self._keys_task, self._ledger_task, seeding if isinstance(seeding, asyncio.Task) else None):
             if background is not None:
                 background.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -36,12 +36,13 @@ config setting and a gateway that has it logs a warning; never set it in product
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Protocol
@@ -67,6 +68,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("gateway")
+
+
+_SEED_WAIT_S = 10.0  # a budgeted request waits at most this long for the ledger's spend at start-up
 
 
 class RateLimited(GatewayError):
@@ -113,6 +117,18 @@ def _test_period() -> float | None:
         raise ValueError(f"{TEST_PERIOD_ENV} must be a positive number of seconds, not {raw!r}")
     log.warning("%s=%s (test-only): every budget resets every %g s", TEST_PERIOD_ENV, raw, period)
     return period
+
+
+def budget_window_start(per: str, now: float, period_s: float | None = None) -> float:
+    """When the window ``budget_window`` puts ``now`` in began (epoch seconds)."""
+    if period_s is not None:
+        return math.floor(now / period_s) * period_s
+    day = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if per == "day":
+        return day.timestamp()
+    if per == "week":
+        return (day - timedelta(days=day.weekday())).timestamp()
+    return day.replace(day=1).timestamp()
 
 
 def budget_window(per: str, now: float, period_s: float | None = None) -> tuple[str, float]:
@@ -177,6 +193,14 @@ class MemoryCounters:
                 return i, values
         self.add_now(adds, now)
         return -1, values
+
+    def raise_now(self, values: Sequence[Add], now: float) -> None:
+        """Each counter to at least the value given (a budget seeded from the ledger: never lowered)."""
+        for key, value, ttl in values:
+            current = self.values.get(key, 0.0) if self._expires.get(key, math.inf) > now else 0.0
+            self.values[key] = max(current, value)
+            if ttl:
+                self._expires[key] = now + ttl
 
     def add_now(self, adds: Sequence[Add], now: float) -> None:
         for key, amount, ttl in adds:
@@ -349,6 +373,7 @@ class Limiter:
         self._waiting: set[Lease] = set()  # leases with counts not yet sent to shared counters
         self._flush_at: asyncio.TimerHandle | None = None
         self._period_s = _test_period()
+        self.seeding: asyncio.Future[Any] | None = None  # the budgets' seed from the ledger, while it runs
 
     @staticmethod
     def rules(settings: Settings, key: ClientKey | None) -> list[Rule]:
@@ -367,6 +392,15 @@ class Limiter:
     def budgeted(cls, settings: Settings, key: ClientKey | None) -> bool:
         """Whether a budget applies to the key's requests (its own or its default, or its team's)."""
         return any(limits.budget is not None for _, limits in cls.rules(settings, key))
+
+    def seed(self, spent: Mapping[str, tuple[float, float]]) -> None:
+        """Budget counters from the ledger (``seed_budgets``): each ``{scope}|usd|{window}`` raised to at least the
+        spend the ledger holds for that window (``spent``: counter -> (usd, window end)); memory counters only."""
+        if isinstance(self.counters, MemoryCounters):
+            now = self._clock()
+            self.counters.raise_now(
+                [(key, usd, max(1, math.ceil(ends - now)) + 86_400) for key, (usd, ends) in spent.items()], now
+            )
 
     def _plan(
         self, rules: list[Rule], now: float
@@ -405,6 +439,10 @@ class Limiter:
         rules = self.rules(settings, key)
         if not rules:
             return None, {}
+        seeding = self.seeding
+        if seeding is not None and not seeding.done() and any(limits.budget for _, limits in rules):
+            with contextlib.suppress(TimeoutError):  # a budget is checked against the ledger's spend, once read
+                await asyncio.wait_for(asyncio.shield(seeding), _SEED_WAIT_S)
         now = self._clock()
         checks, what, adds, usage = self._plan(rules, now)
         try:
@@ -600,3 +638,44 @@ def unpriced_routes(settings: Settings) -> list[str]:
                     "with a budget is refused the names `pricing` does not match"
                 )
     return out
+
+
+def budget_periods(settings: Settings) -> set[str]:
+    """The budget periods any principal may be under: the defaults', the teams', the file's keys' (an admin key may
+    issue keys with any of them)."""
+    periods: set[str] = set()
+    budgets = [settings.limits.budget if settings.limits is not None else None]
+    budgets += [t.limits.budget for t in settings.teams.values() if t.limits is not None]
+    budgets += [k.limits.budget for k in settings.auth.keys if isinstance(k, ApiKey) and k.limits is not None]
+    for budget in budgets:
+        if budget is not None:
+            periods.add(budget.per)
+    if settings.admin.keys:
+        periods |= {"day", "week", "month"}
+    return periods
+
+
+async def seed_budgets(limiter: Limiter, settings: Settings, store: Any, now: float | None = None) -> int:
+    """Budgets that survive a restart (issue 33): the spend of the current window of every budget period, per key
+    (its id) and per team, read from the ledger and set into the limiter's counters before it admits a budgeted
+    request. Returns the counters seeded."""
+    from gateway.governance.store import UsageQuery
+
+    now = time.time() if now is None else now
+    spent: dict[str, tuple[float, float]] = {}
+    for per in sorted(budget_periods(settings)):
+        window, ends = budget_window(per, now, limiter._period_s)
+        start = budget_window_start(per, now, limiter._period_s)
+        for column, prefix in (("key_name", "key"), ("team", "team")):
+            query = UsageQuery(
+                start_ms=int(start * 1000),
+                end_ms=int(now * 1000) + 1,
+                bucket_ms=max(1, int((ends - start) * 1000)),
+                group_by=(column,),
+            )
+            for total in await store.totals(query):
+                name = total.dimensions.get(column, "")
+                if name and total.cost_usd:
+                    spent[f"{prefix}:{name}|usd|{window}"] = (total.cost_usd, ends)
+    limiter.seed(spent)
+    return len(spent)

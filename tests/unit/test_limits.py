@@ -391,3 +391,39 @@ def test_in_memory_a_slot_given_back_after_its_counter_expired_leaves_no_negativ
     assert counters.values.get("a|inflight", 0) >= 0 and counters.values["b|inflight"] == 0
     counters.add_now([("b|inflight", -1, 10)], now=51)
     assert counters.values["b|inflight"] == 0
+
+
+def test_budgets_are_seeded_from_the_ledger_for_the_current_window_only_and_never_lowered() -> None:
+    """The in-memory twin of the restart test: a memory store holding this month's and last month's spend."""
+    from gateway.governance.limits import budget_window_start, seed_budgets
+    from gateway.governance.store import LedgerRow, MemoryStore
+
+    settings, keys, limiter, clock = setup(
+        "auth: {keys: [{name: a, key: k, team: t, limits: {budget: {usd: 2, per: month}}},"
+        " {name: b, key: kb, team: t}]}\n"
+        "teams: {t: {limits: {budget: {usd: 5, per: day}}}}\n" + PRICING
+    )
+    store = MemoryStore()
+    month = budget_window_start("month", clock.now)
+    day = budget_window_start("day", clock.now)
+    assert datetime.fromtimestamp(month, UTC) == datetime(2026, 12, 1, tzinfo=UTC)
+    assert datetime.fromtimestamp(day, UTC) == datetime(2026, 12, 2, tzinfo=UTC)
+    rows = [
+        LedgerRow(
+            started_ms=int((month - 3600) * 1000), request_id="last-month", key_name="a", team="t", cost_usd=50.0
+        ),
+        LedgerRow(started_ms=int((month + 60) * 1000), request_id="this-month", key_name="a", team="t", cost_usd=1.5),
+        LedgerRow(started_ms=int((day + 60) * 1000), request_id="today", key_name="b", team="t", cost_usd=4.0),
+    ]
+    asyncio.run(store.write(rows))
+    assert asyncio.run(seed_budgets(limiter, settings, store, now=clock.now)) >= 3
+    lease, _ = admit(limiter, settings, keys["a"])  # $1.5 of its $2 this month (last month's $50 is not this window)
+    assert lease is not None
+    lease.settle(10, 1.0)
+    with pytest.raises(BudgetExceeded):  # now $2.5 of $2
+        admit(limiter, settings, keys["a"])
+    with pytest.raises(BudgetExceeded):  # the team: $4 (b, today) + $1 (a's request now) of $5 a day
+        admit(limiter, settings, keys["b"])
+    asyncio.run(seed_budgets(limiter, settings, store, now=clock.now))  # a second seed lowers nothing
+    with pytest.raises(BudgetExceeded):
+        admit(limiter, settings, keys["a"])
