@@ -13,10 +13,11 @@ from typing import Any
 
 from adapters import Adapter
 from gateway.context import DRAIN_CANCEL, RequestContext
+from gateway.governance import limits
 from gateway.governance.identity import Identity, IssuedKeys
 from gateway.governance.keys import ClientKey
 from gateway.governance.ledger import Ledger
-from gateway.governance.limits import Counters, Limiter, MemoryCounters, RedisCounters, budget_periods, seed_budgets
+from gateway.governance.limits import Counters, Limiter, RedisCounters, budget_periods, seed_budgets
 from gateway.governance.store import open_store
 from gateway.observability.metrics import Metrics
 from gateway.observability.recording import Recorder
@@ -95,6 +96,7 @@ class Gateway:
         # where every finished request is recorded
         self.recorder = Recorder.default(metrics, self.ledger, key_labels=settings.metrics.labels)
         self._ledger_task: asyncio.Task[None] | None = None
+        self._reseed_task: asyncio.Task[None] | None = None
         # process-wide counters (a reload changes the limits, not what has been counted against them); in Redis
         # when `limits.redis_url` names one (read at start-up), shared by every worker and replica
         self.limiter = _limiter(settings, metrics)
@@ -242,23 +244,33 @@ class Gateway:
         if self.identity.issued is not None and self._keys_task is None:
             self._keys_task = loop.create_task(self.identity.issued.run())
         limiter = self.limiter
-        memory = isinstance(limiter.counters, MemoryCounters)
-        if self.ledger is not None and memory and limiter.seeding is None and budget_periods(self.settings):
+        if self.ledger is not None and limiter.seeding is None and budget_periods(self.settings):
             limiter.seeding = loop.create_task(self._seed_budgets())  # a restart hands out no new budget (issue 33)
+            if isinstance(limiter.counters, RedisCounters) and self._reseed_task is None:
+                self._reseed_task = loop.create_task(self._reseed_budgets())  # and a Redis that lost them neither
 
-    async def _seed_budgets(self) -> None:
+    async def _seed_budgets(self, *, quiet: bool = False) -> None:
         assert self.ledger is not None
         try:
             store = await self.ledger.ready()
             seeded = await seed_budgets(self.limiter, self.settings, store)
-        except Exception as exc:  # the store is down: budgets start from what this process counts
-            log.warning("budgets: the ledger's spend could not be read (%s); budgets count from now", exc)
+        except Exception as exc:  # the store (or Redis) is down: budgets count from what is counted
+            if not quiet:
+                log.warning("budgets: the ledger's spend could not be seeded (%s); budgets count from now", exc)
             return
-        log.info("budgets: %d spend counters seeded from the ledger", seeded)
+        if not quiet:
+            log.info("budgets: %d spend counters seeded from the ledger", seeded)
+
+    async def _reseed_budgets(self) -> None:
+        """Every ``RESEED_S``: the ledger's spend raised into Redis again (never lowered), so a Redis flushed or
+        failed over gets its budgets back within that long, not at the next window."""
+        while True:
+            await asyncio.sleep(limits.RESEED_S)
+            await self._seed_budgets(quiet=True)
 
     async def aclose(self) -> None:
-        seeding = self.limiter.seeding
-        for background in (self._keys_task, self._ledger_task, seeding if isinstance(seeding, asyncio.Task) else None):
+        seeding = self.limiter.seeding if isinstance(self.limiter.seeding, asyncio.Task) else None
+        for background in (self._keys_task, self._ledger_task, seeding, self._reseed_task):
             if background is not None:
                 background.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

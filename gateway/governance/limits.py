@@ -71,6 +71,7 @@ log = logging.getLogger("gateway")
 
 
 _SEED_WAIT_S = 10.0  # a budgeted request waits at most this long for the ledger's spend at start-up
+RESEED_S = 30.0  # with Redis: how often the ledger's spend is raised into it again (a flushed Redis recovers)
 
 
 class RateLimited(GatewayError):
@@ -270,6 +271,17 @@ return m
 """
 
 
+_RAISE = """
+local m = #KEYS
+for j = 1, m do
+  local value = tonumber(ARGV[j])
+  local current = tonumber(redis.call('GET', KEYS[j]) or '0')
+  if current < value then redis.call('SET', KEYS[j], ARGV[j], 'EX', tonumber(ARGV[m + j])) end
+end
+return m
+"""
+
+
 STORE_TIMEOUT = 1.0  # seconds a Redis call (connect, or a script's round trip) may take before it counts as down
 
 
@@ -285,6 +297,7 @@ class RedisCounters:
         self._prefix = prefix
         self._admit = Script(_ADMIT)
         self._add = Script(_ADD)
+        self._raise = Script(_RAISE)
 
     async def admit(self, checks: Sequence[Check], adds: Sequence[Add]) -> tuple[int, list[float]]:
         from gateway.governance.redis_client import RedisUnavailable, ReplyError
@@ -304,6 +317,17 @@ class RedisCounters:
         return self._redis.evalsha(
             self._add, [prefix + key for key, _, _ in adds], [a for _, a, _ in adds] + [t for _, _, t in adds]
         )
+
+    async def raise_to(self, values: Sequence[Add]) -> None:
+        """Each counter to at least the value given, in one atomic round trip (a budget seeded from the ledger)."""
+        from gateway.governance.redis_client import RedisUnavailable, ReplyError
+
+        prefix = self._prefix
+        keys = [prefix + key for key, _, _ in values]
+        try:
+            await self._redis.evalsha(self._raise, keys, [v for _, v, _ in values] + [t for _, _, t in values])
+        except (RedisUnavailable, ReplyError) as exc:
+            raise CountersError(str(exc)) from exc
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -393,14 +417,15 @@ class Limiter:
         """Whether a budget applies to the key's requests (its own or its default, or its team's)."""
         return any(limits.budget is not None for _, limits in cls.rules(settings, key))
 
-    def seed(self, spent: Mapping[str, tuple[float, float]]) -> None:
+    async def seed(self, spent: Mapping[str, tuple[float, float]]) -> None:
         """Budget counters from the ledger (``seed_budgets``): each ``{scope}|usd|{window}`` raised to at least the
-        spend the ledger holds for that window (``spent``: counter -> (usd, window end)); memory counters only."""
+        spend the ledger holds for that window (``spent``: counter -> (usd, window end)), never lowered."""
+        now = self._clock()
+        values = [(key, usd, max(1, math.ceil(ends - now)) + 86_400) for key, (usd, ends) in spent.items()]
         if isinstance(self.counters, MemoryCounters):
-            now = self._clock()
-            self.counters.raise_now(
-                [(key, usd, max(1, math.ceil(ends - now)) + 86_400) for key, (usd, ends) in spent.items()], now
-            )
+            self.counters.raise_now(values, now)
+        elif isinstance(self.counters, RedisCounters) and values:
+            await self.counters.raise_to(values)
 
     def _plan(
         self, rules: list[Rule], now: float
@@ -677,5 +702,5 @@ async def seed_budgets(limiter: Limiter, settings: Settings, store: Any, now: fl
                 name = total.dimensions.get(column, "")
                 if name and total.cost_usd:
                     spent[f"{prefix}:{name}|usd|{window}"] = (total.cost_usd, ends)
-    limiter.seed(spent)
+    await limiter.seed(spent)
     return len(spent)

@@ -5,6 +5,7 @@ budgeted request waits for that seed; the restarted gateway refuses the spent bu
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,33 @@ def test_a_spent_budget_stays_spent_across_a_restart(fake: FakeClaudeAPI, store_
             error = refused.json()["error"]
             assert error["type"] == "billing_error" and "budget" in error["message"], error
         assert len(fake.requests) == before  # nothing reached the provider
+
+
+def test_a_redis_that_lost_its_counters_gets_the_budgets_back_from_the_ledger(
+    fake: FakeClaudeAPI, tmp_path: Path, redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shared counters in Redis: flushed (a failover, an eviction, an operator) while the ledger persists, the
+    spent budgets are raised back from the ledger within ``RESEED_S`` — and at once when a gateway starts."""
+    import redis as sync_redis
+
+    from gateway.governance import limits
+
+    monkeypatch.setattr(limits, "RESEED_S", 0.2)
+    direct = sync_redis.Redis.from_url(redis_server.url)
+    direct.flushall()
+    cfg = config(fake, f"sqlite:///{tmp_path}/ledger.db") + f'limits: {{redis_url: "{redis_server.url}"}}\n'
+    with run_gateway(cfg) as gw:
+        assert post(gw.url, "sk-capped").status_code == 200
+        assert post(gw.url, "sk-capped").status_code == 429
+        deadline = time.monotonic() + 5
+        while not direct.keys("*usd*"):  # the settled cost reached Redis
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        direct.flushall()
+        time.sleep(1.0)  # a few re-seeds
+        refused = post(gw.url, "sk-capped")
+        assert refused.status_code == 429 and refused.json()["error"]["type"] == "billing_error", refused.text
+    direct.flushall()
+    with run_gateway(cfg) as restarted:  # Redis empty, a new gateway: the start-up seed restores it
+        refused = post(restarted.url, "sk-capped")
+        assert refused.status_code == 429 and refused.json()["error"]["type"] == "billing_error", refused.text
