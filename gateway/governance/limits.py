@@ -120,6 +120,15 @@ def _test_period() -> float | None:
     return period
 
 
+def usd(amount: float, scale: float) -> str:
+    """Dollars with the precision a budget of ``scale`` needs: cents for $1 and up, else enough digits that a
+    small budget's spend is readable (``$0.0012`` of ``$0.0015``, never ``$0.00`` of ``$0.0015``)."""
+    if scale >= 1:
+        return f"${amount:,.2f}"
+    digits = min(8, max(2, 1 - math.floor(math.log10(scale))))
+    return f"${amount:.{digits}f}"
+
+
 def budget_window_start(per: str, now: float, period_s: float | None = None) -> float:
     """When the window ``budget_window`` puts ``now`` in began (epoch seconds)."""
     if period_s is not None:
@@ -494,7 +503,9 @@ class Limiter:
         wait = max(1, math.ceil(ends - now))
         if kind == "budget":
             return BudgetExceeded(
-                f"{_who(scope)} has spent ${value:.2f} of its ${limit:g} budget; it resets at {_iso(ends)}",
+                f"{_who(scope)} has spent {usd(value, limit)} of its "
+                f"{f'${limit:g}' if limit >= 1 else usd(limit, limit)} budget; it resets at "
+                f"{_iso(ends)}",
                 headers={**headers, "retry-after": str(wait), "x-should-retry": "false"},
             )
         described = {

@@ -427,3 +427,19 @@ def test_budgets_are_seeded_from_the_ledger_for_the_current_window_only_and_neve
     asyncio.run(seed_budgets(limiter, settings, store, now=clock.now))  # a second seed lowers nothing
     with pytest.raises(BudgetExceeded):
         admit(limiter, settings, keys["a"])
+
+
+def test_a_billing_error_shows_the_precision_a_small_budget_needs() -> None:
+    from gateway.governance.limits import usd
+
+    assert (usd(0.0012, 0.0015), usd(0.0015, 0.0015)) == ("$0.0012", "$0.0015")
+    assert (usd(12.345, 15), usd(1234.5, 2000), usd(0.05, 0.1)) == ("$12.35", "$1,234.50", "$0.05")
+    settings, keys, limiter, _ = setup(
+        "auth: {keys: [{name: a, key: k, limits: {budget: {usd: 0.0015, per: day}}}]}\n" + PRICING
+    )
+    lease, _ = admit(limiter, settings, keys["a"])
+    assert lease is not None
+    lease.settle(10, 0.0016)
+    with pytest.raises(BudgetExceeded) as info:
+        admit(limiter, settings, keys["a"])
+    assert "has spent $0.0016 of its $0.0015 budget" in info.value.message
