@@ -130,6 +130,7 @@ def test_sigterm_drains_then_ends_the_rest_with_an_error(tmp_path: Path, serve: 
         except (
             httpx.ConnectError,
             httpx.RemoteProtocolError,
+            httpx.ReadError,  # ECONNRESET: queued on the listening socket as it closed (seen once in CI)
         ):  # refused, or accepted by the closing socket and dropped
             refused = True
     assert refused
