@@ -258,7 +258,7 @@ def access_line(
             "attempts": attempts,
             "session_id": session_id,
             "agent_id": agent_id,
-            "dropped": list(dropped),
+            "dropped": dropped,  # a tuple: encoded as the array it is, nothing copied
         }
     ).decode()
 

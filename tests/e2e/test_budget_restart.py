@@ -92,6 +92,7 @@ def test_a_redis_that_lost_its_counters_gets_the_budgets_back_from_the_ledger(
         time.sleep(1.0)  # a few re-seeds
         refused = post(gw.url, "sk-capped")
         assert refused.status_code == 429 and refused.json()["error"]["type"] == "billing_error", refused.text
+        assert post(gw.url, "sk-team").status_code == 200  # a budget not spent is untouched by the re-seeds
     direct.flushall()
     with run_gateway(cfg) as restarted:  # Redis empty, a new gateway: the start-up seed restores it
         refused = post(restarted.url, "sk-capped")
