@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import math
 import os
@@ -13,7 +14,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from gateway.http.server import PROTOCOL
 from gateway.settings import ConfigError, Settings, default_config_path, load_settings
@@ -21,7 +24,7 @@ from gateway.settings import ConfigError, Settings, default_config_path, load_se
 if TYPE_CHECKING:
     from gateway.http.app import GatewayApp
 
-__all__ = ["app_from_env", "configure_logging", "main", "serving_warnings"]
+__all__ = ["app_from_env", "configure_logging", "describe", "main", "preflight", "serving_warnings"]
 
 _CONFIG_ENV = "MESSAGES_GATEWAY_CONFIG"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -105,6 +108,86 @@ def _has_limits(settings: Settings) -> bool:
     return keyed or teamed or settings.limits is not None
 
 
+def _ledger_path(settings: Settings) -> Path | None:
+    url = settings.store.resolved_url()
+    return Path(unquote(url[len("sqlite:///") :])) if url.startswith("sqlite:///") else None
+
+
+def preflight(settings: Settings, workers: int) -> list[str]:
+    """What ``serve`` refuses to start with, each with its fix (``check-config`` runs the same checks): several
+    workers counting limits alone, a PostgreSQL ledger without its driver, a SQLite ledger in a directory that cannot
+    be written, tracing without the OpenTelemetry packages."""
+    problems = []
+    if workers > 1 and _has_limits(settings) and not (settings.limits and settings.limits.redis_url):
+        problems.append(
+            f"{workers} workers would each count the rate limits and budgets on their own: "
+            "set limits.redis_url (one Redis for every worker and replica), or serve with workers: 1"
+        )
+    if settings.store.enabled:
+        url = settings.store.resolved_url()
+        if url.startswith(("postgresql://", "postgres://")) and importlib.util.find_spec("asyncpg") is None:
+            problems.append(
+                "store.url is a PostgreSQL ledger but its driver, asyncpg, is not installed: "
+                "pip install 'messages-gateway[postgres]'"
+            )
+        path = _ledger_path(settings)
+        if path is not None and (problem := _unwritable(path)) is not None:
+            problems.append(problem)
+    if settings.server.tracing and importlib.util.find_spec("opentelemetry") is None:
+        problems.append("server.tracing is on but OpenTelemetry is not installed: pip install 'messages-gateway[otel]'")
+    return problems
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why the SQLite ledger at ``path`` cannot be written (its directory made if missing, as the store would), or
+    None. A real write, not a permission-bit reading (root passes every ``access`` check; a read-only mount does
+    not)."""
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".messages-gateway-check-"):
+            pass
+        if path.exists():
+            with path.open("ab"):
+                pass
+    except OSError as exc:
+        where = path if path.exists() else directory
+        return (
+            f"the usage ledger {str(path)!r} cannot be written ({exc.strerror or exc}): make {str(where)!r} "
+            "writable by this user, set store.url (or MESSAGES_GATEWAY_DATA_DIR) to a writable directory, "
+            "or say store.enabled: false"
+        )
+    return None
+
+
+def describe(settings: Settings, workers: int) -> str:
+    """The start-up line naming where state lives: the ledger, the limits' backend, the workers."""
+    if not settings.store.enabled:
+        store = "none (store.enabled: false)"
+    else:
+        url = settings.store.resolved_url()
+        path = _ledger_path(settings)
+        if path is not None:
+            store = f"SQLite {path.resolve()}"
+        elif url.startswith("memory://"):
+            store = "memory (lost at exit)"
+        else:
+            store = "PostgreSQL " + _masked(url)
+    redis_url = settings.limits.redis_url if settings.limits is not None else None
+    limits = f"Redis {_masked(redis_url)}" if redis_url else "memory (this process)"
+    return f"store: {store}; limits: {limits}; workers: {workers}"
+
+
+def _masked(url: str) -> str:
+    """``url`` without its password: ``postgresql://user:***@host/db``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")
+    user = netloc[0].partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
+
+
 def _stopped(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
@@ -122,16 +205,15 @@ def _serve(args: argparse.Namespace) -> int:
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
     workers = args.workers or settings.server.workers
-    if workers > 1 and _has_limits(settings) and not (settings.limits and settings.limits.redis_url):
-        print(
-            f"messages-gateway: {workers} workers would each count the rate limits and budgets on their own: "
-            "set limits.redis_url (one Redis for every worker and replica), or serve with workers: 1",
-            file=sys.stderr,
-        )
+    problems = preflight(settings, workers)
+    for problem in problems:
+        print(f"messages-gateway: {problem}", file=sys.stderr)
+    if problems:
         return 2
     configure_logging()
     log = logging.getLogger("gateway")
     log.info("serving %s on http://%s:%d (%d worker%s)", path, host, port, workers, "" if workers == 1 else "s")
+    log.info("%s", describe(settings, workers))
     for note in serving_warnings(workers):
         log.warning("%s", note)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it found here: a
@@ -249,7 +331,13 @@ def _check(args: argparse.Namespace) -> int:
 
     for warning in unpriced_routes(settings):
         print(f"warning: {warning}", file=sys.stderr)
+    problems = preflight(settings, settings.server.workers)
+    for problem in problems:
+        print(f"messages-gateway: {problem}", file=sys.stderr)
+    if problems:
+        return 2
     print(f"{args.path}: OK — {len(settings.providers)} providers, {len(settings.models)} model routes")
+    print(describe(settings, settings.server.workers))
     return 0
 
 
