@@ -160,6 +160,83 @@ def _unwritable(path: Path) -> str | None:
     return None
 
 
+def provider_urls(settings: Settings) -> dict[str, str]:
+    """Each configured provider's base URL, as its adapter builds it (a mock has none)."""
+    from adapters._aws import aws_region
+    from adapters.vertex import vertex_base_url
+    from gateway.settings import (
+        AnthropicProvider,
+        BedrockMantleProvider,
+        BedrockProvider,
+        ClaudeAwsProvider,
+        FoundryProvider,
+        VertexProvider,
+    )
+
+    urls = {}
+    for name, config in settings.providers.items():
+        match config:
+            case AnthropicProvider():
+                urls[name] = config.base_url
+            case BedrockProvider():
+                region = aws_region(config.region, config.profile)
+                urls[name] = config.base_url or f"https://bedrock-runtime.{region}.amazonaws.com"
+            case BedrockMantleProvider():
+                region = aws_region(config.region, config.profile)
+                urls[name] = config.base_url or f"https://bedrock-mantle.{region}.api.aws/anthropic"
+            case ClaudeAwsProvider():
+                region = aws_region(config.region, config.profile)
+                urls[name] = config.base_url or f"https://aws-external-anthropic.{region}.api.aws"
+            case VertexProvider():
+                urls[name] = config.base_url or vertex_base_url(config.region)
+            case FoundryProvider():
+                urls[name] = config.base_url or f"https://{config.resource}.services.ai.azure.com/anthropic"
+    return urls
+
+
+async def connect_checks(settings: Settings, wait_s: float = 5.0) -> list[tuple[str, str | None]]:
+    """``check-config --connect``: open the store (its schema made, as at start-up), ping Redis, and open a TCP
+    connection to each provider's host. Each check as ``(what, None)`` when it worked, else ``(what, why)``."""
+    import asyncio
+
+    from gateway.governance.redis_client import RedisClient
+    from gateway.governance.store import open_store
+
+    results: list[tuple[str, str | None]] = []
+    if settings.store.enabled:
+        what = "store " + describe(settings, 1).partition("store: ")[2].partition(";")[0]
+        try:
+            store = open_store(settings.store.resolved_url())
+            try:
+                await asyncio.wait_for(store.open(), wait_s)
+            finally:
+                await store.aclose()
+            results.append((what, None))
+        except Exception as exc:
+            results.append((what, f"{type(exc).__name__}: {exc}"))
+    redis_url = settings.limits.redis_url if settings.limits is not None else None
+    if redis_url:
+        client = RedisClient(redis_url, timeout=wait_s)
+        try:
+            pong = await asyncio.wait_for(client.call("PING"), wait_s)
+            results.append((f"Redis {_masked(redis_url)}", None if pong in ("PONG", b"PONG") else f"PING: {pong!r}"))
+        except Exception as exc:
+            results.append((f"Redis {_masked(redis_url)}", f"{type(exc).__name__}: {exc}"))
+        finally:
+            await client.aclose()
+    for name, url in provider_urls(settings).items():
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        what = f"provider {name!r} {parts.hostname}:{port}"
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(parts.hostname, port), wait_s)
+            writer.close()
+            results.append((what, None))
+        except Exception as exc:
+            results.append((what, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__))
+    return results
+
+
 def describe(settings: Settings, workers: int) -> str:
     """The start-up line naming where state lives: the ledger, the limits' backend, the workers."""
     if not settings.store.enabled:
@@ -336,6 +413,16 @@ def _check(args: argparse.Namespace) -> int:
         print(f"messages-gateway: {problem}", file=sys.stderr)
     if problems:
         return 2
+    if args.connect:
+        import asyncio
+
+        failed = 0
+        for what, why in asyncio.run(connect_checks(settings)):
+            print(f"{what}: {'reached' if why is None else 'FAILED: ' + why}", file=sys.stderr if why else sys.stdout)
+            failed += why is not None
+        if failed:
+            print(f"messages-gateway: {failed} of the --connect checks failed", file=sys.stderr)
+            return 1
     print(f"{args.path}: OK — {len(settings.providers)} providers, {len(settings.models)} model routes")
     print(describe(settings, settings.server.workers))
     return 0
@@ -352,6 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.set_defaults(func=_serve)
     check = sub.add_parser("check-config", help="validate a YAML config and exit")
     check.add_argument("path")
+    check.add_argument(
+        "--connect", action="store_true", help="also open the store, ping Redis and connect to each provider's host"
+    )
     check.set_defaults(func=_check)
     args = parser.parse_args(argv)
     result: int = args.func(args)

@@ -88,3 +88,43 @@ def test_check_config_prints_where_state_lives(tmp_path: Path, capsys: Any) -> N
     assert main(["check-config", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"store: SQLite {tmp_path}/ledger.db; limits: memory (this process); workers: 1" in out
+
+
+def test_check_config_connect_reaches_the_store_redis_and_each_provider(
+    tmp_path: Path, redis_server: Any, capsys: Any
+) -> None:
+    """``--connect`` against the real thing: a SQLite ledger, the real Redis, a provider host listening on
+    127.0.0.1; then the same config with the provider's port and Redis's closed: exit 1, each failure named."""
+    import socket
+
+    from tests.net import free_port
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    config = (
+        "auth: {open: true}\n"
+        f"providers: {{up: {{kind: anthropic, base_url: 'http://127.0.0.1:{port}', api_key: k}}}}\n"
+        "models: {a: {targets: [{provider: up}]}}\n"
+        f"store: {{url: 'sqlite:///{tmp_path}/ledger.db'}}\n"
+        f"limits: {{redis_url: '{redis_server.url}'}}\n"
+    )
+    path = tmp_path / "g.yaml"
+    path.write_text(config)
+    try:
+        assert main(["check-config", "--connect", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert f"store SQLite {tmp_path}/ledger.db: reached" in out
+        assert "Redis redis://" in out and f"provider 'up' 127.0.0.1:{port}: reached" in out
+        assert (tmp_path / "ledger.db").exists()  # opened for real: its schema made
+    finally:
+        listener.close()
+    closed = free_port()
+    path.write_text(
+        config.replace(f"127.0.0.1:{port}", f"127.0.0.1:{closed}").replace(
+            redis_server.url, f"redis://127.0.0.1:{free_port()}/0"
+        )
+    )
+    assert main(["check-config", "--connect", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"provider 'up' 127.0.0.1:{closed}: FAILED" in err
+    assert "Redis redis://127.0.0.1:" in err and "2 of the --connect checks failed" in err
