@@ -63,6 +63,7 @@ models:
                 "group_by[]": "api_key_id",
             },
             headers={"x-api-key": "sk-admin"},
+            timeout=30,  # a report behind a loaded CI machine: not the 5 s default
         ).json()
         rows = {r["api_key_id"]: r["requests"] for b in report["data"] for r in b["results"]}
         # the refusal is no ledger row (it spent nothing: issue 31), nor are count_tokens (they are not messages)
