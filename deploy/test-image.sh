@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build deploy/Dockerfile for real, check the running container, and validate deploy/kubernetes.
+# Build deploy/Dockerfile for real, check the running container, run deploy/compose.yaml's replicated stack, and
+# lint, render and validate the Helm chart (deploy/test-chart.sh).
 #
 #   bash deploy/test-image.sh            # from anywhere; .ci/run calls it on every run
 #
@@ -13,8 +14,12 @@
 # Then it runs the image as CI would not dare to run it in production: --read-only, a tmpfs /tmp, every
 # capability dropped, no-new-privileges, published on 127.0.0.1 only; and checks /healthz, a JSON and a
 # streamed POST /v1/messages, /metrics, the uid, the C extensions, the health check, a live reload of a
-# config mounted the way the kubelet mounts a ConfigMap, and a stream that finishes during `stop`. Every
-# check is an assertion; the summary table lists each one, and the script exits 1 if any failed.
+# config mounted the way the kubelet mounts a ConfigMap, and a stream that finishes during `stop`. Then it brings
+# up compose.yaml's replicated shape (PostgreSQL, Redis, two gateways, Prometheus; where their upstream images cannot
+# be pulled, stand-ins made of Debian's packages, deploy/test-standins/), sends requests through both gateways,
+# checks that the rows land in PostgreSQL, the counters in Redis, and that Prometheus scrapes both with the admin
+# key, and tears it down. Every check is an assertion; the summary table lists each one, and the script exits 1 if
+# any failed.
 #
 # Environment:
 #   MESSAGES_GATEWAY_SKIP_IMAGE=1   skip everything (says so and exits 0)
@@ -24,7 +29,7 @@
 #   MESSAGES_GATEWAY_IMAGE_MAX_ADDED_MB  the most the Dockerfile may add to its base (default 120)
 #   MESSAGES_GATEWAY_CACHE          where the stand-in base and the tools venv are kept
 #   MESSAGES_GATEWAY_DEBIAN_MIRROR  debootstrap's mirror (default http://deb.debian.org/debian)
-#   MESSAGES_GATEWAY_KEEP=1         keep the containers and the temporary directory for a look afterwards
+#   MESSAGES_GATEWAY_KEEP=1         keep the containers (and the compose stack) and the temporary directory
 set -euo pipefail
 
 if [ "${MESSAGES_GATEWAY_SKIP_IMAGE:-0}" = 1 ]; then
@@ -54,9 +59,12 @@ esac
 STANDIN_SUITE=bookworm
 STANDIN_PACKAGES=python3,python3-venv,python3-pip,libpython3.11-dev,ca-certificates
 STANDIN_RECIPE=3
+# The services compose.yaml runs beside the gateways, by deploy/test-standins/Containerfile's target names.
+SERVICE_TARGETS=(postgres redis prometheus)
 RUN_ID=mgw-test-$$
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/$RUN_ID.XXXXXX")
 CONTAINERS=()
+COMPOSE_PROJECT=""
 STEPS=()
 CHECKS=()
 FAILED=0
@@ -79,8 +87,9 @@ cleanup() {
     echo "deploy/test-image.sh: FAILED (exit $rc)" >&2
   fi
   if [ "${MESSAGES_GATEWAY_KEEP:-0}" = 1 ]; then
-    echo "kept: containers ${CONTAINERS[*]:-none}, directory $WORK"
+    echo "kept: containers ${CONTAINERS[*]:-none}, compose project ${COMPOSE_PROJECT:-none}, directory $WORK"
   else
+    [ -z "$COMPOSE_PROJECT" ] || compose_down >/dev/null 2>&1 || true
     local c rm=(rm -f)
     [ "${ENGINE:-podman}" = podman ] && rm+=(-t 0) # docker rm -f has no -t (it kills at once anyway)
     for c in "${CONTAINERS[@]}"; do "${ENGINE:-podman}" "${rm[@]}" "$c" >/dev/null 2>&1 || true; done
@@ -177,7 +186,13 @@ install_tools() {
     echo "installing: ${need[*]}"
     apt_install "${need[@]}"
   fi
-  have kubectl || die "kubectl is needed to render deploy/kubernetes (kubectl kustomize): install it"
+  # podman-compose names services by DNS on the stack's network: with CNI (Debian's podman 4.3) that is the
+  # dnsname plugin, without which gateway cannot resolve postgres (netavark has aardvark-dns built in).
+  if [ "$ENGINE" = podman ] && [ "$(podman info --format '{{.Host.NetworkBackend}}' 2>/dev/null)" = cni ] \
+    && [ ! -x /usr/lib/cni/dnsname ]; then
+    echo "installing: golang-github-containernetworking-plugin-dnsname"
+    apt_install golang-github-containernetworking-plugin-dnsname
+  fi
   if [ "$ENGINE" = podman ]; then
     # These hosts: runc (crun cannot run with cgroups in hybrid mode), the cgroupfs manager (no systemd),
     # and ulimits no higher than the host's hard limits (runc cannot raise them). The container file is
@@ -687,8 +702,18 @@ check_compose() {
     echo "a literal \${ reaches podman: $run"
     exit 1
   }
-  [[ "$run" == *" -e GATEWAY_API_KEY "* && "$run" == *" -e ANTHROPIC_API_KEY "* ]]
-  [[ "$run" == *"--healthcheck-command"*"127.0.0.1:8080/healthz"* ]]
+  [ "$(grep -c . <<<"$run")" = 2 ] || { # gateway and gateway-2, the same definition (a YAML merge key)
+    echo "gateway runs: $run"
+    exit 1
+  }
+  local line
+  while read -r line; do
+    [[ "$line" == *" -e GATEWAY_API_KEY "* && "$line" == *" -e ANTHROPIC_API_KEY "* ]]
+    [[ "$line" == *" -e PGPASSWORD="*" -e REDIS_PASSWORD="* ]]
+    [[ "$line" == *"--healthcheck-command"*"127.0.0.1:8080/healthz"* ]]
+  done <<<"$run"
+  grep -q '^podman run --name=[a-z_]*postgres_1 .* -e POSTGRES_PASSWORD=' "$WORK/compose.txt"
+  grep -q '^podman run --name=[a-z_]*redis_1 ' "$WORK/compose.txt"
   local ports version
   ports=$(grep -o ' -p [^ ]*' "$WORK/compose.txt" | awk '{print $2}' | sort -u)
   [ -n "$ports" ]
@@ -697,12 +722,179 @@ check_compose() {
     exit 1
   }
   version=$(podman-compose version 2>&1 | sed -n 's/^podman-composer* version *//p' | head -n 1)
-  echo "podman-compose $version dry run: env passed through, health check, ports $(tr '\n' ' ' <<<"$ports")"
+  echo "podman-compose $version dry run: 2 gateways, env passed through, health check, ports $(tr '\n' ' ' <<<"$ports")"
 }
 
-check_manifests() {
-  kubectl kustomize deploy/kubernetes >"$WORK/rendered.yaml"
-  "$TOOLS/bin/python" deploy/validate-manifests.py "$WORK/rendered.yaml"
+# --- compose.yaml's replicated stack -----------------------------------------------------------------
+
+qualify() { # an image name as podman stores it: docker.io/library/redis:7.0-bookworm
+  case "$1" in
+    */*/*) echo "$1" ;;
+    */*) echo "docker.io/$1" ;;
+    *) echo "docker.io/library/$1" ;;
+  esac
+}
+
+compose_image() { # SERVICE: the image compose.yaml names for it
+  "$TOOLS/bin/python" -c 'import sys, yaml; print(yaml.safe_load(open("deploy/compose.yaml"))["services"][sys.argv[1]]["image"])' "$1"
+}
+
+# The upstream images of the services beside the gateways, pulled; where they cannot be (no registry), stand-ins
+# built from deploy/test-standins/Containerfile on the gateway's own base (bookworm), tagged as compose.yaml names the
+# real ones and reused while the Containerfile, the entrypoint and the base are the same (a label says which).
+service_images() {
+  if [ "$ENGINE" = docker ]; then
+    echo "docker compose pulls them"
+    return 0
+  fi
+  local target ref label key
+  key=$(cat deploy/test-standins/Containerfile deploy/test-standins/postgres-entrypoint.sh | sha)
+  key=$key-$(podman image inspect --format '{{.Id}}' "$BASE_REF" | cut -c1-12)
+  for target in "${SERVICE_TARGETS[@]}"; do
+    ref=$(qualify "$(compose_image "$target")")
+    label=$(podman image inspect --format '{{index .Labels "io.messages-gateway.standin-service"}}' "$ref" 2>/dev/null || echo missing)
+    if [ "$label" = "$key" ]; then
+      echo "$ref: stand-in, reused ($key)"
+    elif [ "$label" != missing ] && [ -z "$label" ]; then
+      echo "$ref: the real image, present"
+    elif podman pull -q "$ref" >"$WORK/pull-$target.log" 2>&1; then
+      echo "$ref: the real image, pulled"
+    else
+      echo "$ref: cannot pull ($(tail -n 1 "$WORK/pull-$target.log" | cut -c1-120)); building the stand-in"
+      podman build --format docker --network host --pull=never --build-arg "BASE=$BASE_REF" --target "$target" \
+        --label "io.messages-gateway.standin-service=$key" -t "$ref" deploy/test-standins \
+        >>"$WORK/standins.log" 2>&1 || {
+        tail -n 30 "$WORK/standins.log" >&2
+        return 1
+      }
+      echo "$ref: stand-in, built ($key)"
+    fi
+  done
+  podman image prune -f --filter label=io.messages-gateway.standin-service >/dev/null 2>&1 || true # older ones
+}
+
+compose() { # the stack of this run, on its own project name (containers, network, volumes) and free ports
+  if [ "$ENGINE" = docker ]; then
+    GATEWAY_IMAGE=$IMAGE docker compose -p "$COMPOSE_PROJECT" -f deploy/compose.yaml "$@"
+  else
+    GATEWAY_IMAGE=$IMAGE podman-compose -p "$COMPOSE_PROJECT" -f deploy/compose.yaml "$@"
+  fi
+}
+
+compose_container() { # SERVICE: its container's id
+  "$ENGINE" ps -q --filter "label=com.docker.compose.project=$COMPOSE_PROJECT" \
+    --filter "label=com.docker.compose.service=$1" | head -n 1
+}
+
+compose_up() {
+  # The image this run built is the gateways' (GATEWAY_IMAGE); Grafana's has no stand-in and is not started.
+  compose up -d --no-build postgres redis gateway gateway-2 prometheus >"$WORK/compose-up.log" 2>&1 || {
+    tail -n 30 "$WORK/compose-up.log" >&2
+    return 1
+  }
+  local service missing=""
+  for service in postgres redis gateway gateway-2 prometheus; do
+    [ -n "$(compose_container "$service")" ] || missing="$missing $service"
+  done
+  [ -z "$missing" ] || { # podman-compose 1.0.3 exits 0 when a container fails to start
+    grep -iE 'error|fail' "$WORK/compose-up.log" | grep -v systemd | tail -n 10 >&2
+    echo "not running:$missing" >&2
+    return 1
+  }
+  echo "project $COMPOSE_PROJECT: gateway 127.0.0.1:$GATEWAY_PORT, gateway-2 127.0.0.1:$GATEWAY_2_PORT," \
+    "Prometheus 127.0.0.1:$PROMETHEUS_PORT"
+}
+
+compose_wait() {
+  wait_healthz "$GATEWAY_PORT" "$(compose_container gateway)"
+  wait_healthz "$GATEWAY_2_PORT" "$(compose_container gateway-2)"
+}
+
+compose_down() {
+  compose down -t 5 -v >"$WORK/compose-down.log" 2>&1 || true
+  # podman-compose 1.0.3 leaves the network behind (and the volumes of services it did not start)
+  local ids
+  ids=$("$ENGINE" ps -aq --filter "label=com.docker.compose.project=$COMPOSE_PROJECT")
+  [ -z "$ids" ] || "$ENGINE" rm -f $ids >/dev/null 2>&1 || true
+  ids=$("$ENGINE" volume ls -q --filter "label=com.docker.compose.project=$COMPOSE_PROJECT")
+  [ -z "$ids" ] || "$ENGINE" volume rm -f $ids >/dev/null 2>&1 || true
+  "$ENGINE" network rm "${COMPOSE_PROJECT}_default" >/dev/null 2>&1 || true
+  echo "removed project $COMPOSE_PROJECT"
+  COMPOSE_PROJECT=""
+}
+
+check_compose_shared() { # requests through both gateways: one ledger, one set of counters
+  local port body n=0 remaining="" rows=0 counted i
+  for port in "$GATEWAY_PORT" "$GATEWAY_2_PORT" "$GATEWAY_2_PORT"; do
+    body=$(post "$port" '{"model":"claude-sonnet-4-6","max_tokens":16,"messages":[{"role":"user","content":"hi"}]}')
+    grep -qi '^HTTP/[0-9.]* 200' "$WORK/h.$$" || {
+      head -n 1 "$WORK/h.$$"
+      echo "$body"
+      exit 1
+    }
+    has "$body" '"mock:claude-sonnet-4-6"'
+    n=$((n + 1))
+    remaining="$remaining $(tr -d '\r' <"$WORK/h.$$" | sed -n 's/^anthropic-ratelimit-requests-remaining: *//Ip')"
+  done
+  local pg rd
+  pg=$(compose_container postgres)
+  for i in $(seq 1 40); do # the ledger writes its rows within its flush interval (1 s)
+    rows=$("$ENGINE" exec "$pg" psql -U gateway -d gateway -tAc 'SELECT COUNT(*) FROM requests' 2>/dev/null || echo 0)
+    [ "$rows" -ge "$n" ] && break
+    sleep 0.25
+  done
+  [ "$rows" = "$n" ] || {
+    "$ENGINE" logs "$(compose_container gateway)" 2>&1 | grep -i ledger | tail -n 5
+    echo "PostgreSQL holds $rows rows for $n requests"
+    exit 1
+  }
+  rd=$(compose_container redis)
+  # shellcheck disable=SC2016 # expanded in the container
+  counted=$("$ENGINE" exec "$rd" sh -c 'export REDISCLI_AUTH="$REDIS_PASSWORD"
+for k in $(redis-cli --scan --pattern "mgw:key:|requests|*"); do redis-cli get "$k"; done' | awk '{s += $1} END {print s + 0}')
+  [ "$counted" = "$n" ] || {
+    echo "Redis counted $counted requests of $n"
+    exit 1
+  }
+  echo "$n requests over 2 gateways: $rows rows in PostgreSQL, $counted counted in Redis (remaining:$remaining)"
+}
+
+check_compose_metrics_auth() {
+  local key port code
+  key=$(tr -d '\n' <deploy/prometheus/gateway-admin-key)
+  for port in "$GATEWAY_PORT" "$GATEWAY_2_PORT"; do
+    code=$(curl -s -o /dev/null -w '%{http_code}' -m 5 "http://127.0.0.1:$port/metrics")
+    [ "$code" = 401 ] || {
+      echo "/metrics without the admin key on $port: $code"
+      exit 1
+    }
+    has "$(curl -fsS -m 5 -H "Authorization: Bearer $key" "http://127.0.0.1:$port/metrics")" \
+      '^gateway_requests_total{alias="claude-sonnet-4-6"'
+  done
+  echo "both: 401 without the key, 200 with deploy/prometheus/gateway-admin-key as the bearer"
+}
+
+check_compose_prometheus() { # prometheus.yml's bearer, as Prometheus itself sends it
+  local i out=""
+  for i in $(seq 1 60); do
+    out=$(curl -fsS -m 5 "http://127.0.0.1:$PROMETHEUS_PORT/api/v1/targets?state=active" 2>/dev/null | python3 -c '
+import json, sys
+targets = [t for t in json.load(sys.stdin)["data"]["activeTargets"] if t["labels"]["job"] == "messages-gateway"]
+words = sorted(t["labels"]["instance"] + "=" + t["health"] + ("(%s)" % t["lastError"] if t["lastError"] else "") for t in targets)
+print(" ".join(words))
+' 2>/dev/null) || out=""
+    [ "$out" = "gateway-2:8080=up gateway:8080=up" ] && break
+    sleep 0.5
+  done
+  [ "$out" = "gateway-2:8080=up gateway:8080=up" ] || {
+    echo "targets: ${out:-none}"
+    exit 1
+  }
+  echo "Prometheus $("$ENGINE" exec "$(compose_container prometheus)" prometheus --version 2>&1 | head -n 1 | awk '{print $3}'): $out"
+}
+
+check_chart() {
+  TOOLS=$TOOLS KUBERNETES_VALIDATE=$KUBERNETES_VALIDATE MESSAGES_GATEWAY_CACHE=$CACHE bash deploy/test-chart.sh
 }
 
 # ---------------------------------------------------------------------------------------------------
@@ -740,13 +932,16 @@ main() {
   CM_DIR=$WORK/configmap
   mkdir -p "$CM_DIR"
   chmod 755 "$WORK" "$CM_DIR"
-  # compose's config (the image's mock config, listening on every interface) with a slow alias; v2 adds one
+  # compose's config (the mock providers, listening on every interface) alone (no PostgreSQL, Redis or admin key)
+  # with a slow alias; v2 adds one
   local v1=$WORK/gateway-v1.yaml
   "$TOOLS/bin/python" - deploy/config/gateway.yaml "$v1" "$WORK/gateway-v2.yaml" <<'EOF'
 import sys
 import yaml
 source, v1, v2 = sys.argv[1:]
 config = yaml.safe_load(open(source))
+for shared in ("store", "limits", "admin"):  # compose's PostgreSQL, Redis and admin key: this container runs alone
+    config.pop(shared, None)
 config["server"]["drain_timeout_s"] = 30
 config["providers"]["slow"] = {"kind": "mock", "deltas": 24, "event_delay_ms": 150}
 config["models"] = {"claude-slow": {"targets": [{"provider": "slow"}]}, **config["models"]}
@@ -762,10 +957,25 @@ EOF
   check "config reload on a ..data symlink swap" check_reload
   check "stream in flight finishes during stop, exit 0" check_drain
 
-  # 3. the other deploy files
+  # 3. compose.yaml's replicated shape: PostgreSQL, Redis, two gateways, Prometheus with the admin key
   check "compose file: loopback ports, pass-through env" check_compose
+  step "compose: the services' images" service_images
+  COMPOSE_PROJECT=$RUN_ID-compose
+  GATEWAY_PORT=$(free_port)
+  GATEWAY_2_PORT=$(free_port)
+  PROMETHEUS_PORT=$(free_port)
+  GRAFANA_PORT=$(free_port)
+  export COMPOSE_PROJECT GATEWAY_PORT GATEWAY_2_PORT PROMETHEUS_PORT GRAFANA_PORT CACHE KUBERNETES_VALIDATE
+  step "compose: up postgres redis gateway gateway-2 prometheus" compose_up
+  step "compose: wait for both gateways" compose_wait
+  check "compose: 2 gateways, 1 ledger, 1 set of limits" check_compose_shared
+  check "compose: /metrics needs the admin key" check_compose_metrics_auth
+  check "compose: Prometheus scrapes both, bearer" check_compose_prometheus
+  if [ "${MESSAGES_GATEWAY_KEEP:-0}" != 1 ]; then step "compose: down" compose_down; fi
+
+  # 4. the Helm chart
   export TOOLS
-  check "kustomize + kubernetes-validate --strict" check_manifests
+  check "helm lint + template + validate --strict" check_chart
 
   summary
   if [ "$FAILED" != 0 ]; then

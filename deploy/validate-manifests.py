@@ -1,14 +1,15 @@
-"""Validate rendered Kubernetes manifests (`kubectl kustomize deploy/kubernetes`) strictly.
+"""Validate rendered Kubernetes manifests (`helm template` of deploy/helm/messages-gateway) strictly.
 
-    python deploy/validate-manifests.py RENDERED.yaml [--kubernetes-version 1.37.0]
+    python deploy/validate-manifests.py RENDERED.yaml [RENDERED2.yaml ...] [--kubernetes-version 1.37.0]
 
 Needs PyPI's kubernetes-validate (deploy/test-image.sh installs it into a venv of its own). The built-in
 kinds are checked exactly as `kubernetes-validate --strict` checks them (unknown fields are errors); the
 kinds of a CRD, which kubernetes-validate has no schema for, are checked against the schemas in
 deploy/schemas/ (`<kind>-<group>-<version>.json`, written the same way). A kind with no schema at all is
-an error, not a warning. Before the real files it validates two broken copies (an unknown field in the
-Deployment and in the ServiceMonitor) and fails unless both are rejected: strictness is checked, not
-assumed.
+an error, not a warning. Before the real files it validates broken copies (an unknown field in the
+Deployment and, when one is rendered, in the ServiceMonitor and in its bearer authorization) and fails unless
+each is rejected: strictness is checked, not assumed. Every file must hold a Deployment; at least one of them
+a ServiceMonitor.
 """
 
 from __future__ import annotations
@@ -66,31 +67,52 @@ def name(doc: dict[str, Any]) -> str:
     return f"{doc['kind']}/{doc.get('metadata', {}).get('name', '?')}"
 
 
+def broken_copies(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Copies of the first Deployment and ServiceMonitor with one unknown field each."""
+    out = []
+    for kind in ("Deployment", "ServiceMonitor"):
+        originals = [d for d in docs if d["kind"] == kind]
+        if originals:
+            broken = copy.deepcopy(originals[0])
+            broken["spec"]["notAField"] = True
+            out.append((f"a {kind} with an unknown spec field", broken))
+    for doc in docs:
+        if doc["kind"] == "ServiceMonitor" and "authorization" in doc["spec"]["endpoints"][0]:
+            broken = copy.deepcopy(doc)
+            broken["spec"]["endpoints"][0]["authorization"]["credentials"]["nam"] = "typo"
+            out.append(("a ServiceMonitor bearer with an unknown credentials field", broken))
+            break
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("rendered")
+    parser.add_argument("rendered", nargs="+")
     parser.add_argument("--kubernetes-version", default=utils.latest_version(), help="major.minor (default: latest)")
     args = parser.parse_args()
     version = utils.major_minor(args.kubernetes_version.removeprefix("v"))
-    docs = [d for d in yaml.safe_load_all(Path(args.rendered).read_text()) if d]
     failed = 0
-    for kind in ("Deployment", "ServiceMonitor"):
-        originals = [d for d in docs if d["kind"] == kind]
-        if not originals:
-            print(f"FAIL self-test: no {kind} in {args.rendered}")
+    kinds: set[str] = set()
+    for rendered in args.rendered:
+        docs = [d for d in yaml.safe_load_all(Path(rendered).read_text()) if d]
+        kinds |= {d["kind"] for d in docs}
+        print(f"{rendered}:")
+        if not any(d["kind"] == "Deployment" for d in docs):
+            print(f"FAIL self-test: no Deployment in {rendered}")
             failed += 1
-            continue
-        broken = copy.deepcopy(originals[0])
-        broken["spec"]["notAField"] = True
-        if not validate(broken, version):
-            print(f"FAIL self-test: a {kind} with an unknown spec field passed: validation is not strict")
-            failed += 1
-    for doc in docs:
-        problem = validate(doc, version)
-        where = "deploy/schemas" if project_schema(doc) else f"kubernetes {version}, strict"
-        print(f"{'FAIL' if problem else 'ok  '} {name(doc)} ({where}){': ' + problem if problem else ''}")
-        failed += bool(problem)
-    print(f"{len(docs)} manifests, {failed} failures")
+        for what, broken in broken_copies(docs):
+            if not validate(broken, version):
+                print(f"FAIL self-test: {what} passed: validation is not strict")
+                failed += 1
+        for doc in docs:
+            problem = validate(doc, version)
+            where = "deploy/schemas" if project_schema(doc) else f"kubernetes {version}, strict"
+            print(f"{'FAIL' if problem else 'ok  '} {name(doc)} ({where}){': ' + problem if problem else ''}")
+            failed += bool(problem)
+    if "ServiceMonitor" not in kinds:
+        print("FAIL self-test: no ServiceMonitor in any file: its schema went untested")
+        failed += 1
+    print(f"{len(args.rendered)} files, {failed} failures")
     return 1 if failed else 0
 
 

@@ -1,11 +1,10 @@
-"""The deploy/ manifests: kustomize renders them (or, without kubectl, they parse) with the fields operators
-rely on; the container and compose files name the documented paths and probes."""
+"""The deploy/ files: the container and compose files name the documented paths and probes, and compose runs the
+replicated shape (two gateways, one PostgreSQL ledger, one Redis). The Helm chart's renders are
+tests/unit/test_deploy_chart.py's; deploy/test-image.sh runs the image and the compose stack for real."""
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -18,62 +17,25 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 
 
-def rendered() -> list[dict[str, Any]]:
-    kubectl = shutil.which("kubectl")
-    if kubectl:
-        out = subprocess.run(
-            [kubectl, "kustomize", str(DEPLOY / "kubernetes")], capture_output=True, text=True, check=True
-        ).stdout
-        return [d for d in yaml.safe_load_all(out) if d]
-    kustomization = yaml.safe_load((DEPLOY / "kubernetes" / "kustomization.yaml").read_text())
-    docs = []
-    for name in kustomization["resources"]:
-        docs += [d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()) if d]
-    return docs
-
-
-def test_kustomize_renders_every_kind() -> None:
-    kinds = {d["kind"] for d in rendered()}
-    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ServiceMonitor"} <= kinds
-    if shutil.which("kubectl"):
-        assert "ConfigMap" in kinds
-
-
-def test_deployment_probes_resources_grace_and_secrets() -> None:
-    (deployment,) = [d for d in rendered() if d["kind"] == "Deployment"]
-    pod = deployment["spec"]["template"]["spec"]
-    (container,) = [c for c in pod["containers"] if c["name"] in ("gateway", "messages-gateway")]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["resources"]["requests"] and container["resources"]["limits"]
-    config = parse_settings(
-        (DEPLOY / "kubernetes" / "gateway.yaml").read_text(), environ={"ANTHROPIC_API_KEY": "x", "GATEWAY_API_KEY": "y"}
-    )
-    assert pod["terminationGracePeriodSeconds"] > config.server.drain_timeout_s
-    secret_refs = [e for e in container.get("envFrom", []) if "secretRef" in e] + [
-        e for e in container.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})
-    ]
-    assert secret_refs
-    assert pod["securityContext"].get("runAsNonRoot") or container["securityContext"].get("runAsNonRoot")
-
-
 def test_dockerfile_and_compose() -> None:
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     assert "HEALTHCHECK" in dockerfile and "/healthz" in dockerfile and "USER" in dockerfile
     assert "/etc/messages-gateway/gateway.yaml" in dockerfile
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    assert {"gateway", "prometheus", "grafana"} <= set(compose["services"])
-    parse_settings((DEPLOY / "config" / "gateway.yaml").read_text(), environ={})
+    assert {"gateway", "gateway-2", "postgres", "redis", "prometheus", "grafana"} <= set(compose["services"])
+    config = parse_settings((DEPLOY / "config" / "gateway.yaml").read_text(), environ={"REDIS_PASSWORD": "x"})
+    # both gateways: one ledger, one set of counters, and /metrics behind the admin key Prometheus sends
+    assert config.store.url.startswith("postgresql://") and "@postgres:" in config.store.url
+    assert config.limits.redis_url == "redis://:x@redis:6379/0"
+    assert config.admin.keys
+    prometheus = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    (job,) = [j for j in prometheus["scrape_configs"] if j["job_name"] == "messages-gateway"]
+    assert job["authorization"]["credentials_file"] == "/etc/prometheus/gateway-admin-key"
+    assert sorted(job["static_configs"][0]["targets"]) == ["gateway-2:8080", "gateway:8080"]
+    import hashlib
 
-
-def test_deployment_leaves_replicas_to_the_hpa() -> None:
-    docs = rendered()
-    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
-    (hpa,) = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "messages-gateway"}
-    assert deployment["metadata"]["name"] == "messages-gateway"
-    # every `kubectl apply -k` would reset a scaled-out Deployment to the manifest's count
-    assert "replicas" not in deployment["spec"]
+    key = (DEPLOY / "prometheus" / "gateway-admin-key").read_text().strip()
+    assert [k.key_sha256 for k in config.admin.keys] == [hashlib.sha256(key.encode()).hexdigest()]
 
 
 def strings(node: Any) -> list[str]:
