@@ -44,6 +44,7 @@ class RequestContext:
         "key",
         "last_chunk",
         "lease",
+        "limit",
         "method",
         "path",
         "reply",
@@ -83,6 +84,7 @@ class RequestContext:
         self.dropped: tuple[str, ...] = ()  # what the serving attempt's provider was not sent (adapters.profiles)
         self.count = False  # a token count (Messages' count_tokens, a surface's count-tokens call): spends nothing
         self.lease: Lease | None = None  # the request's hold on its rate limits and budgets (gateway.governance.limits)
+        self.limit = ""  # the limit that refused the request, as its access line names it ("team budget"…)
         self.response_headers: dict[str, str] = {}  # the gateway's own headers for the response (a clamp…)
         # (the chunk of the body the pipeline yielded last, the batch it is) when the chunk is a whole batch: a
         # surface encodes from the batch's decoded events (or sends the provider's own bytes of it,

@@ -135,6 +135,10 @@ class IssuedKeys:
     def get(self, digest: bytes) -> ClientKey | None:
         return self._by_digest.get(digest)
 
+    def all(self) -> list[ClientKey]:
+        """Every issued key this process knows (as last read from the store)."""
+        return list(self._by_digest.values())
+
     def use_teams(self, teams: Mapping[str, TeamSettings]) -> None:
         """The config's teams (their models apply to their keys that name none): at start-up and on reload."""
         self._teams = teams

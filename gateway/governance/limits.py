@@ -36,6 +36,7 @@ config setting and a gateway that has it logs a warning; never set it in product
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -77,11 +78,17 @@ RESEED_S = 30.0  # with Redis: how often the ledger's spend is raised into it ag
 class RateLimited(GatewayError):
     status_code = 429
     error_type = "rate_limit_error"
+    # The limit that refused, as the access line names it: the rule's scope kind and the limit's kind
+    # ("key requests_per_minute", "team tokens_per_minute", "key max_inflight"); "" for a refusal of no rule.
+    limit = ""
+    scope = ""  # the rule refused under: "key:<key id>" or "team:<name>"
 
 
 class BudgetExceeded(GatewayError):
     status_code = 429
     error_type = "billing_error"
+    limit = ""  # "key budget", "team budget" (as RateLimited's)
+    scope = ""
 
 
 class LimitStoreDown(GatewayError):
@@ -327,6 +334,17 @@ class RedisCounters:
             self._add, [prefix + key for key, _, _ in adds], [a for _, a, _ in adds] + [t for _, _, t in adds]
         )
 
+    async def read(self, keys: Sequence[str]) -> list[float]:
+        """The counters' values (0 for one not set), in one round trip."""
+        from gateway.governance.redis_client import RedisUnavailable, ReplyError
+
+        prefix = self._prefix
+        try:
+            values = await self._redis.call("MGET", *(prefix + key for key in keys))
+        except (RedisUnavailable, ReplyError) as exc:
+            raise CountersError(str(exc)) from exc
+        return [float(v) if v is not None else 0.0 for v in values]
+
     async def raise_to(self, values: Sequence[Add]) -> None:
         """Each counter to at least the value given, in one atomic round trip (a budget seeded from the ledger)."""
         from gateway.governance.redis_client import RedisUnavailable, ReplyError
@@ -407,6 +425,9 @@ class Limiter:
         self._flush_at: asyncio.TimerHandle | None = None
         self._period_s = _test_period()
         self.seeding: asyncio.Future[Any] | None = None  # the budgets' seed from the ledger, while it runs
+        # refusals by (scope, limit kind) since the limiter was made: this process's own (a worker's, not shared)
+        self.refusals: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.started_at = clock()
 
     @staticmethod
     def rules(settings: Settings, key: ClientKey | None) -> list[Rule]:
@@ -496,26 +517,56 @@ class Limiter:
 
     def _refusal(
         self, limit: float, value: float, what: tuple[str, str, float], now: float, headers: dict[str, str]
-    ) -> GatewayError:
+    ) -> RateLimited | BudgetExceeded:
         kind, scope, ends = what
+        scope_kind = scope.split(":", 1)[0]
         if self._on_refusal is not None:
-            self._on_refusal(kind, scope.split(":", 1)[0])
+            self._on_refusal(kind, scope_kind)
+        self.refusals[scope, kind] += 1
         wait = max(1, math.ceil(ends - now))
+        refusal: RateLimited | BudgetExceeded
         if kind == "budget":
-            return BudgetExceeded(
+            refusal = BudgetExceeded(
                 f"{_who(scope)} has spent {usd(value, limit)} of its "
                 f"{f'${limit:g}' if limit >= 1 else usd(limit, limit)} budget; it resets at "
                 f"{_iso(ends)}",
                 headers={**headers, "retry-after": str(wait), "x-should-retry": "false"},
             )
-        described = {
-            "requests_per_minute": f"its limit of {limit:g} requests per minute",
-            "tokens_per_minute": f"its limit of {limit:g} tokens per minute",
-            "max_inflight": f"its limit of {limit:g} requests in flight",
-        }[kind]
-        return RateLimited(
-            f"{_who(scope)} is over {described}; retry in {wait} s", headers={**headers, "retry-after": str(wait)}
-        )
+        else:
+            described = {
+                "requests_per_minute": f"its limit of {limit:g} requests per minute",
+                "tokens_per_minute": f"its limit of {limit:g} tokens per minute",
+                "max_inflight": f"its limit of {limit:g} requests in flight",
+            }[kind]
+            refusal = RateLimited(
+                f"{_who(scope)} is over {described}; retry in {wait} s", headers={**headers, "retry-after": str(wait)}
+            )
+        refusal.limit, refusal.scope = f"{scope_kind} {kind}", scope
+        return refusal
+
+    async def budget_spend(self, rules: Sequence[Rule]) -> list[tuple[float | None, float]]:
+        """For each rule with a budget, in order: the spend counted in its current window (what admission compares
+        with the budget; None when the shared counters cannot be read) and when that window ends."""
+        now = self._clock()
+        keys: list[str] = []
+        ends: list[float] = []
+        for scope, limits in rules:
+            if limits.budget is not None:
+                window, end = budget_window(limits.budget.per, now, self._period_s)
+                keys.append(f"{scope}|usd|{window}")
+                ends.append(end)
+        values: list[float | None]
+        if isinstance(self.counters, MemoryCounters):
+            values = [self.counters.values.get(key, 0.0) for key in keys]
+        elif isinstance(self.counters, RedisCounters) and keys:
+            try:
+                values = list(await self.counters.read(keys))
+            except CountersError as exc:
+                self._store_error(exc)
+                values = [None] * len(keys)
+        else:
+            values = [None] * len(keys)
+        return list(zip(values, ends, strict=True))
 
     @staticmethod
     def _headers(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import JsonReply
 from gateway.context import DRAIN_CANCEL, Reply, RequestContext
 from gateway.governance.keys import authorize
-from gateway.governance.limits import check_priced
+from gateway.governance.limits import BudgetExceeded, RateLimited, check_priced
 from gateway.http.server import BODY_RECEIVED, DISCONNECT_HOOK, DisconnectHook
 from gateway.observability.usage import Outcome, UsageTally
 from gateway.routing import pipeline
@@ -207,6 +207,7 @@ async def messages_endpoint(
     limit = runtime.settings.server.max_inflight
     if limit is not None and gw.active >= limit:
         tally.status = 529
+        context.limit = "server max_inflight"
         tally.record(Outcome.SHED)
         overloaded = Overloaded(
             f"the gateway is at its limit of {limit} requests in flight; retry shortly", headers={"retry-after": "1"}
@@ -232,7 +233,11 @@ async def _admit(gw: Gateway, runtime: Runtime, context: RequestContext, route: 
     key = context.key
     if gw.limiter.budgeted(runtime.settings, key):
         check_priced(route, model, gw.metrics.price_of)
-    context.lease, limit_headers = await gw.limiter.admit(runtime.settings, key)
+    try:
+        context.lease, limit_headers = await gw.limiter.admit(runtime.settings, key)
+    except (RateLimited, BudgetExceeded) as exc:
+        context.limit = exc.limit  # named on the access line
+        raise
     context.response_headers.update(limit_headers)
 
 

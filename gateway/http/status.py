@@ -7,13 +7,20 @@ Two scopes (``scope`` in the document). An admin key (or an open gateway, which 
 and outcome totals. A client key reads ``key``: only the aliases it may use, each with its state and its targets'
 states (no provider, no upstream model, no counts of other keys' traffic), and its own usage today (UTC) from the
 ledger — what ``/v1/organizations/usage_report/messages`` gives it (issue 31: a client key saw the whole
-organisation's totals)."""
+organisation's totals).
+
+Both scopes carry ``limits``: per team and per key (an admin's: every team of the config and every key, the config's
+and the issued; a client key's: its own, and its team's budget), the budget (``usd``, ``per``) with the spend of its
+current window (``spent_usd``, read from the limiter's counters — what admission compares with the budget — and
+``resets_at``), the rate limits, and the requests each limit refused (``refusals``, by limit kind), counted by this
+process since it started (``refusals_since``; with several workers, the answering worker's own)."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -29,8 +36,9 @@ if TYPE_CHECKING:
     from gateway.core import Gateway
     from gateway.governance.keys import ClientKey
     from gateway.routing.table import Route
+    from gateway.settings import LimitSettings
 
-__all__ = ["STATUS_HANDLERS", "key_document", "status_document"]
+__all__ = ["STATUS_HANDLERS", "key_document", "limits_document", "status_document"]
 
 _encode = msgspec.json.Encoder().encode
 _DAY_MS = 86_400_000
@@ -79,6 +87,8 @@ def _route(route: Route, now: float, tokens: _Totals, outcomes: _Totals) -> dict
                 "model": target.model,
                 **({"weight": weights[i]} if weights is not None else {}),
                 **target.health.snapshot(now),
+                "recent_failures": target.health.recent_failures(now),  # in the breaker's window
+                "failure_window_s": target.health.window_s,
                 "tokens": _sum(tokens, alias, target.provider, target.model, TOKEN_TYPES),
                 "requests": _sum(outcomes, alias, target.provider, target.model),
             }
@@ -107,6 +117,76 @@ def _health(route: Route, now: float) -> dict[str, Any]:
     states = {t["state"] for t in targets}
     overall = "available" if "available" in states else "degraded" if states - {"unavailable"} else "unavailable"
     return {"alias": route.alias, "state": overall, "targets": targets}
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_RATES = ("requests_per_minute", "tokens_per_minute", "max_inflight")
+_Entry = tuple[str, dict[str, Any], "LimitSettings | None"]  # (scope, what names it, its limits)
+
+
+async def _limit_entries(gw: Gateway, entries: Sequence[_Entry], *, refusals: bool = True) -> list[dict[str, Any]]:
+    """Each scope's budget and the spend of its window, its rate limits and its refusals by limit kind."""
+    limiter = gw.limiter
+    budgeted = [(scope, limits) for scope, _, limits in entries if limits is not None and limits.budget is not None]
+    spends = iter(await limiter.budget_spend(budgeted))
+    counts: dict[str, dict[str, int]] = {}
+    for (scope, kind), n in limiter.refusals.items():
+        counts.setdefault(scope, {})[kind] = n
+    out = []
+    for scope, names, limits in entries:
+        budget = None
+        if limits is not None and limits.budget is not None:
+            spent, ends = next(spends)
+            budget = {"usd": limits.budget.usd, "per": limits.budget.per, "spent_usd": spent, "resets_at": _iso(ends)}
+        rates = {name: getattr(limits, name) for name in _RATES if getattr(limits, name, None) is not None}
+        entry = {"scope": scope, **names, "budget": budget, "rate_limits": rates}
+        if refusals:
+            entry["refusals"] = counts.get(scope, {})
+        out.append(entry)
+    return out
+
+
+def _key_entry(gw: Gateway, key: ClientKey) -> _Entry:
+    own = key.limits if key.limits is not None else gw.settings.limits  # as Limiter.rules: its own, else the default
+    return f"key:{key.id}", {"id": key.id, "name": key.name, "team": key.team}, own
+
+
+def _team_entry(gw: Gateway, team: str) -> _Entry:
+    settings = gw.settings.teams.get(team)
+    return f"team:{team}", {"name": team}, settings.limits if settings is not None else None
+
+
+def _limits_meta(gw: Gateway, teams: list[dict[str, Any]], keys: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "teams": teams,
+        "keys": keys,
+        "refusals_since": _iso(gw.limiter.started_at),
+        "refusals_counted_by": "process",  # not shared between workers or replicas
+    }
+
+
+async def limits_document(gw: Gateway) -> dict[str, Any]:
+    """Every team of the config and every key (the config's, the issued ones, and any other principal a limit has
+    refused, such as a JWT's), with its budget, spend, rate limits and refusals."""
+    settings = gw.settings
+    keys = list(gw.keys)
+    issued = gw.identity.issued
+    if issued is not None:
+        keys += sorted(issued.all(), key=lambda k: (k.name, k.id))
+    entries = [_key_entry(gw, key) for key in keys]
+    if settings.auth.open:  # everyone is the default key
+        entries.insert(0, ("key:", {"id": "", "name": "", "team": ""}, settings.limits))
+    known = {scope for scope, _, _ in entries}
+    for scope, _ in sorted(gw.limiter.refusals):
+        kind, _, name = scope.partition(":")
+        if kind == "key" and scope not in known:
+            known.add(scope)
+            entries.append((scope, {"id": name, "name": name, "team": ""}, settings.limits))
+    teams = [_team_entry(gw, team) for team in sorted(settings.teams)]
+    return _limits_meta(gw, await _limit_entries(gw, teams), await _limit_entries(gw, entries))
 
 
 async def _own_usage(gw: Gateway, key: ClientKey) -> dict[str, dict[str, Any]]:
@@ -145,7 +225,10 @@ async def key_document(gw: Gateway, key: ClientKey, now: float | None = None) ->
     usage = await _own_usage(gw, key)
     zero = {"requests": 0, "tokens": dict.fromkeys(TOKEN_TYPES, 0)}
     aliases = [{**_health(route, now), "today": usage.get(route.alias, zero)} for route in routes]
-    return {"scope": "key", "key": key.name, "aliases": aliases}
+    own = await _limit_entries(gw, [_key_entry(gw, key)])
+    # its team's budget (a refusal names it), not the team's refusals (other keys' requests)
+    team = await _limit_entries(gw, [_team_entry(gw, key.team)], refusals=False) if key.team else []
+    return {"scope": "key", "key": key.name, "aliases": aliases, "limits": _limits_meta(gw, team, own)}
 
 
 @get("/v1/gateway/status")
@@ -154,11 +237,11 @@ async def gateway_status(request: Request[Any, Any, Any]) -> Response[bytes]:
     rid = new_request_id()
     try:
         if is_admin(gw.admin_keys, request.headers):
-            document = {"scope": "gateway", **status_document(gw)}
+            document = {"scope": "gateway", **status_document(gw), "limits": await limits_document(gw)}
         else:
             _, key = await gw.identity.authenticate(gw.runtime, request.headers)
             if key is None:  # an open gateway (auth.open): nobody to keep apart
-                document = {"scope": "gateway", **status_document(gw)}
+                document = {"scope": "gateway", **status_document(gw), "limits": await limits_document(gw)}
             else:
                 document = await key_document(gw, key)
     except GatewayError as exc:

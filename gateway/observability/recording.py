@@ -146,6 +146,7 @@ class Finished(msgspec.Struct, kw_only=True):
     timed: bool  # observe the latency histograms (not for a token count)
     dropped: tuple[str, ...] = ()  # betas and fields the serving provider was not sent (adapters.profiles)
     lease: Any = None  # its hold on rate limits and budgets (gateway.governance.limits.Lease), settled by LimiterSink
+    limit: str = ""  # the limit that refused it ("team budget", "key requests_per_minute"…); "" for none
 
 
 class Sink(Protocol):
@@ -232,10 +233,14 @@ def access_line(
     attempts: int = 0,
     key: str = "",
     dropped: tuple[str, ...] = (),
+    limit: str = "",
 ) -> str:
     """One request as one JSON object, the same keys for every route: no prompt text, no keys (``key`` is the
     name of the client key that authenticated the request, "" for none), nothing from the client but its model
-    name, method, path and Claude Code's session and agent ids."""
+    name, method, path and Claude Code's session and agent ids. ``limit``: the limit that refused the request —
+    its rule's scope and the limit's kind (``"key requests_per_minute"``, ``"team tokens_per_minute"``,
+    ``"key max_inflight"``, ``"key budget"``, ``"team budget"``; ``"server max_inflight"`` for a request shed at
+    ``server.max_inflight``), "" for a request no limit refused."""
     usage = usage or Usage()
     return _encode_line(
         {
@@ -259,6 +264,7 @@ def access_line(
             "session_id": session_id,
             "agent_id": agent_id,
             "dropped": dropped,  # a tuple: encoded as the array it is, nothing copied
+            "limit": limit,
         }
     ).decode()
 
@@ -286,6 +292,7 @@ class AccessLogSink:
                     attempts=f.attempts,
                     key=f.key_name,
                     dropped=f.dropped,
+                    limit=f.limit,
                 ),
             )
 

@@ -153,4 +153,5 @@ class UsageTally:
             timed=self.timed,
             dropped=context.dropped,
             lease=context.lease,
+            limit=context.limit,
         )

@@ -235,6 +235,11 @@ class TargetHealth:
             return None
         return sum(ok for _, ok in self._outcomes) / len(self._outcomes)
 
+    def recent_failures(self, now: float) -> int:
+        """Failures among the outcomes of the last ``window_s`` (what the breaker counts towards opening)."""
+        self.success_rate(now)  # drops the outcomes older than the window
+        return sum(not ok for _, ok in self._outcomes)
+
     def snapshot(self, now: float) -> dict[str, object]:
         """A JSON-ready status view."""
         return {

@@ -183,7 +183,6 @@ TEXT0 = {"type": "content_block_start", "index": 0, "content_block": {"type": "t
 @pytest.mark.parametrize(
     ("events", "error"),
     [
-        ([TEXT0], "content_block_start before message_start"),
         (
             [START, {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}}],
             "not open",
@@ -204,6 +203,33 @@ def test_out_of_order_events_make_the_answer_incomplete(
     assert got["status"] == "incomplete"
     assert got["error"]["type"] == "invalid_stream"
     assert error in got["error"]["message"]
+
+
+def test_an_error_before_any_answer_is_a_refusal_not_an_incomplete_answer(fold_page: Any) -> None:
+    """An ``error`` before ``message_start`` (a refusal: the page folds an HTTP error the same way) is "refused";
+    once the answer has started, the same error leaves it "incomplete"."""
+    error = {"type": "error", "error": {"type": "billing_error", "message": "key 'k' has spent $1.00 of its $1"}}
+    got = fold(fold_page, sse(error))
+    assert got["status"] == "refused" and got["error"] == error["error"]
+    assert fold(fold_page, sse({"type": "ping"}, error))["status"] == "refused"
+    assert fold(fold_page, sse(START, error))["status"] == "incomplete"
+    assert fold(fold_page, sse(START, TEXT0, error))["status"] == "incomplete"
+
+
+def test_no_answer_and_no_error_is_a_failure_not_an_incomplete_answer(fold_page: Any) -> None:
+    """A stream that breaks or ends before ``message_start`` had no answer to be incomplete: "failed"."""
+    got = fold(fold_page, sse(TEXT0))
+    assert got["status"] == "failed"
+    assert (
+        got["error"]["type"] == "invalid_stream"
+        and "content_block_start before message_start" in got["error"]["message"]
+    )
+    got = fold(fold_page, "")
+    assert got["status"] == "failed" and got["error"] == {
+        "type": "stream_ended",
+        "message": "the stream ended before any answer",
+    }
+    assert fold(fold_page, sse(START))["status"] == "incomplete"  # started: then it is incomplete
 
 
 def test_usage_overwrites_and_pings_and_unknown_events_change_nothing(fold_page: Any) -> None:

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from tests.browser.conftest import ARTIFACTS
-from tests.conftest import RunningGateway
-from tests.fakes.claude_api import final_message
+from tests.conftest import RunningGateway, run_gateway
+from tests.fakes.claude_api import FakeClaudeAPI, final_message
 from tests.unit.test_mock_answer import make_pdf
 
 SOLAR = "Solar panels convert sunlight into electricity. They work best facing south. Output falls on cloudy days."
@@ -292,11 +292,55 @@ def test_mid_stream_error_shows_the_answer_incomplete(page: Any, ui_gateway: Run
     page.screenshot(path=str(ARTIFACTS / "playground-error.png"), full_page=True)
 
 
-def test_error_before_the_stream_is_shown_with_its_type(page: Any, ui_gateway: RunningGateway) -> None:
+def test_error_before_the_stream_is_shown_refused_with_its_type(page: Any, ui_gateway: RunningGateway) -> None:
+    """An error before any answer is a refusal, with the error: not an "Incomplete" answer."""
     open_playground(page, ui_gateway)
     page.fill("#key", "wrong-key")
-    ask(page, "claude-fast", "incomplete")
-    assert page.inner_text("#failure").startswith("authentication_error: ")
+    ask(page, "claude-fast", "refused|incomplete")
+    assert page.get_attribute("#state", "data-state") == "refused"
+    failure = page.inner_text("#failure")
+    assert failure.startswith("authentication_error: ")
+    assert page.inner_text("#state") == f"Refused: {failure.removeprefix('authentication_error: ')}"
+    assert "Incomplete" not in page.inner_text("#state")
+    assert "incomplete" not in (page.get_attribute("#blocks", "class") or "")
+
+
+BUDGET = """
+auth: {{keys: [{{name: frugal, key: sk-frugal, limits: {{budget: {{usd: 0.000001, per: day}}}}}}]}}
+providers:
+  upstream: {{kind: anthropic, api_key: provider-key, base_url: "{url}"}}
+models:
+  claude-priced: {{targets: [{{provider: upstream, model: fake-text}}]}}
+  claude-paced: {{targets: [{{provider: upstream, model: fake-slow}}]}}
+pricing:
+  "fake-*": {{input: 3, output: 15}}
+"""
+
+
+def test_a_budget_refusal_says_refused_with_the_error(page: Any, fake_claude: FakeClaudeAPI) -> None:
+    """A key over its budget: the gateway's 429 billing_error arrives before any answer, and the page says
+    "Refused" with the error's type and message; the answer before it had been complete."""
+    with run_gateway(BUDGET.format(url=fake_claude.base_url)) as gw:
+        open_playground(page, gw, "sk-frugal")
+        ask(page, "claude-priced")  # spends the budget
+        ask(page, "claude-priced", "refused|incomplete")
+        assert page.get_attribute("#state", "data-state") == "refused"
+        state, failure = page.inner_text("#state"), page.inner_text("#failure")
+        assert state.startswith("Refused: key 'frugal' has spent $") and "budget" in state
+        assert failure.startswith("billing_error: key 'frugal' has spent $")
+        assert page.inner_text("#blocks") == ""  # nothing of the earlier answer is left looking cut
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "playground-refused.png"), full_page=True)
+
+
+def test_stopping_before_any_answer_is_no_answer_not_an_incomplete_one(page: Any, ui_gateway: RunningGateway) -> None:
+    open_playground(page, ui_gateway)
+    page.route("**/v1/messages", lambda route: None)  # held: the request never answers
+    ask(page, "claude-fast", "waiting")
+    page.click("#stop")
+    page.wait_for_selector("#state[data-state='failed']")
+    assert page.inner_text("#state").startswith("No answer")
+    assert page.inner_text("#failure") == "stream_ended: stopped by you"
 
 
 def test_thinking_renders_collapsed_and_tool_input_once_complete(page: Any, ui_gateway: RunningGateway) -> None:

@@ -180,3 +180,92 @@ def test_the_line_names_the_principal_by_its_key_name(
         f"{gateway.url}/v1/messages", json={"model": "fake-text", **KW}, headers={"authorization": "Bearer gw-key-2"}
     )
     assert lines(caplog, second.headers["request-id"])[0]["key"] == "key-2"
+
+
+def test_a_refusal_names_the_limit_that_refused_it(fake: FakeClaudeAPI, caplog: pytest.LogCaptureFixture) -> None:
+    """Each limit that can refuse a request, named on its access line as its rule's scope and the limit's kind
+    (what ``gateway_limited_total`` counts by ``limit`` and ``scope``); a request no limit refused has ``""``."""
+    from tests.conftest import run_gateway
+
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    yaml = f"""
+auth:
+  keys:
+    - {{name: rpm, key: sk-rpm, limits: {{requests_per_minute: 1}}}}
+    - {{name: tpm, key: sk-tpm, team: chatty}}
+    - {{name: spender, key: sk-spender, limits: {{budget: {{usd: 0.000001, per: day}}}}}}
+    - {{name: member, key: sk-member, team: frugal}}
+    - {{name: busy, key: sk-busy, limits: {{max_inflight: 1}}}}
+teams:
+  chatty: {{limits: {{tokens_per_minute: 1}}}}
+  frugal: {{limits: {{budget: {{usd: 0.000001, per: week}}}}}}
+providers:
+  claude: {{kind: anthropic, api_key: provider-key, base_url: "{fake.base_url}"}}
+models:
+  "*": {{targets: [{{provider: claude}}]}}
+pricing:
+  "fake-*": {{input: 3, output: 15}}
+"""
+
+    def post(key: str, model: str = "fake-text") -> httpx.Response:
+        return httpx.post(f"{url}/v1/messages", json={"model": model, **KW}, headers={"x-api-key": key})
+
+    with run_gateway(yaml) as gw:
+        url = gw.url
+        if time.time() % 60 > 50:  # each first request and its refusal within one minute window
+            time.sleep(61 - time.time() % 60)
+        refused: dict[str, str] = {}
+        for key in ("sk-rpm", "sk-tpm", "sk-spender", "sk-member"):
+            first = post(key)
+            assert first.status_code == 200, first.text
+            (line,) = lines(caplog, first.headers["request-id"])
+            assert line["limit"] == ""  # admitted: no limit named
+            second = post(key)
+            assert second.status_code == 429, (key, second.text)
+            (line,) = lines(caplog, second.headers["request-id"])
+            assert (line["status"], line["outcome"]) == (429, "rejected")
+            refused[key] = line["limit"]
+        with (
+            httpx.Client() as client,
+            client.stream(
+                "POST",
+                f"{url}/v1/messages",
+                json={"model": "fake-slow", "stream": True, **KW},
+                headers={"x-api-key": "sk-busy"},
+            ) as held,
+        ):
+            stream = held.iter_lines()  # kept: a generator dropped here would close the stream
+            next(stream)  # in flight
+            busy = post("sk-busy")
+            assert busy.status_code == 429
+            (line,) = lines(caplog, busy.headers["request-id"])
+            refused["sk-busy"] = line["limit"]
+    assert refused == {
+        "sk-rpm": "key requests_per_minute",
+        "sk-tpm": "team tokens_per_minute",
+        "sk-spender": "key budget",
+        "sk-member": "team budget",
+        "sk-busy": "key max_inflight",
+    }
+
+
+def test_a_request_shed_at_the_servers_limit_names_it(caplog: pytest.LogCaptureFixture) -> None:
+    """``server.max_inflight`` reached: the 529 it answers names ``server max_inflight``."""
+    from tests.conftest import run_gateway
+
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    yaml = """
+server: {max_inflight: 1}
+auth: {open: true}
+providers: {slow: {kind: mock, deltas: 40, event_delay_ms: 50}}
+models: {"*": {targets: [{provider: slow}]}}
+"""
+    with run_gateway(yaml) as gw:
+        body = {"model": "m", "stream": True, **KW}
+        with httpx.Client() as client, client.stream("POST", f"{gw.url}/v1/messages", json=body) as held:
+            stream = held.iter_lines()
+            next(stream)
+            shed = httpx.post(f"{gw.url}/v1/messages", json=body)
+            assert shed.status_code == 529
+            (line,) = lines(caplog, shed.headers["request-id"])
+    assert (line["outcome"], line["limit"]) == ("shed", "server max_inflight")

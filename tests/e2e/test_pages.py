@@ -5,6 +5,7 @@ package with a strict content security policy, nothing outside gateway/http/web 
 from __future__ import annotations
 
 import fnmatch
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,3 +127,82 @@ def test_status_totals_equal_the_metrics(fake_claude: FakeClaudeAPI, tmp_path: P
         assert sonnet["today"] == {"requests": 2, "tokens": want} and sonnet["state"] == "available"
         other = httpx.get(gw.url + "/v1/gateway/status", headers={"x-api-key": "gw-key-2"}).json()
         assert next(a for a in other["aliases"] if a["alias"] == "sonnet")["today"]["requests"] == 0
+
+
+BUDGETS = """
+auth:
+  keys:
+    - name: alice
+      key: sk-alice
+      team: payments
+      limits: {{budget: {{usd: 0.0001, per: day}}, requests_per_minute: 100}}
+    - {{name: bob, key: sk-bob, team: payments}}
+    - {{name: carol, key: sk-carol}}
+admin: {{keys: [sk-admin]}}
+teams:
+  payments: {{limits: {{budget: {{usd: 5, per: month}}, tokens_per_minute: 1000000}}}}
+  infra: {{}}
+store: {{url: "sqlite:///{db}", flush_interval_s: 0.05}}
+resilience: {{retry: {{max_attempts: 1}}, breaker: {{failure_threshold: 100}}}}
+providers:
+  claude: {{kind: anthropic, api_key: provider-key, base_url: "{url}"}}
+models:
+  broken: {{targets: [{{provider: claude, model: fake-status-529}}]}}
+  "*": {{targets: [{{provider: claude}}]}}
+pricing:
+  "fake-*": {{input: 3, output: 15}}
+"""
+
+
+def test_status_shows_each_budgets_spend_and_each_limits_refusals(fake_claude: FakeClaudeAPI, tmp_path: Path) -> None:
+    """Per team and per key: the budget, the spend of its current window (the limiter's own count, which the
+    ledger's cost of the same requests equals), the rate limits and the refusals by limit, counted in process; a
+    client key sees its own and its team's budget, not the team's refusals. Each target shows its recent failures."""
+    config = BUDGETS.format(db=tmp_path / "ledger.db", url=fake_claude.base_url)
+    body = {"model": "fake-text", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
+    with run_gateway(config) as gw:
+        alice, bob = {"x-api-key": "sk-alice"}, {"x-api-key": "sk-bob"}
+        assert httpx.post(gw.url + "/v1/messages", json=body, headers=alice).status_code == 200
+        assert httpx.post(gw.url + "/v1/messages", json=body, headers=bob).status_code == 200
+        refused = httpx.post(gw.url + "/v1/messages", json=body, headers=alice)
+        assert refused.status_code == 429 and refused.json()["error"]["type"] == "billing_error"
+        assert httpx.post(gw.url + "/v1/messages", json={**body, "model": "broken"}, headers=bob).status_code == 529
+        status = httpx.get(gw.url + "/v1/gateway/status", headers={"x-api-key": "sk-admin"}).json()
+        limits = status["limits"]
+        assert limits["refusals_counted_by"] == "process" and limits["refusals_since"].endswith("Z")
+        keys = {k["name"]: k for k in limits["keys"]}
+        teams = {t["name"]: t for t in limits["teams"]}
+        assert list(keys) == ["alice", "bob", "carol"] and list(teams) == ["infra", "payments"]
+        assert keys["alice"]["refusals"] == {"budget": 1}
+        assert keys["alice"]["rate_limits"] == {"requests_per_minute": 100}
+        assert keys["bob"]["refusals"] == {} and keys["bob"]["budget"] is None and keys["carol"]["budget"] is None
+        assert teams["payments"]["refusals"] == {} and teams["infra"]["budget"] is None
+        assert teams["payments"]["rate_limits"] == {"tokens_per_minute": 1000000}
+        today = time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime())
+        report = httpx.get(
+            gw.url + "/v1/organizations/usage_report/messages",
+            params={
+                "starting_at": today,
+                "ending_at": time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime(time.time() + 86_400)),
+                "group_by[]": "api_key_id",
+            },
+            headers={"x-api-key": "sk-admin"},
+            timeout=30,
+        ).json()
+        cost = {r["api_key_id"]: r["cost_usd"] for b in report["data"] for r in b["results"]}
+        budget = keys["alice"]["budget"]
+        assert (budget["usd"], budget["per"]) == (0.0001, "day")
+        assert budget["spent_usd"] == pytest.approx(cost["alice"]) and budget["spent_usd"] > budget["usd"]
+        assert budget["resets_at"] == time.strftime("%Y-%m-%dT00:00:00Z", time.gmtime(time.time() + 86_400))
+        team = teams["payments"]["budget"]
+        assert (team["usd"], team["per"]) == (5, "month")
+        assert team["spent_usd"] == pytest.approx(cost["alice"] + cost["bob"])  # the 529 cost nothing
+        broken = next(a for a in status["aliases"] if a["alias"] == "broken")["targets"][0]
+        assert (broken["recent_failures"], broken["failures"], broken["failure_window_s"]) == (1, 1, 60.0)
+
+        own = httpx.get(gw.url + "/v1/gateway/status", headers=alice).json()["limits"]
+        assert [k["name"] for k in own["keys"]] == ["alice"] and own["keys"][0]["refusals"] == {"budget": 1}
+        assert [t["name"] for t in own["teams"]] == ["payments"] and "refusals" not in own["teams"][0]
+        assert own["teams"][0]["budget"]["spent_usd"] == pytest.approx(team["spent_usd"])
+        carol = httpx.get(gw.url + "/v1/gateway/status", headers={"x-api-key": "sk-carol"}).json()["limits"]
+        assert carol["teams"] == [] and [k["name"] for k in carol["keys"]] == ["carol"]

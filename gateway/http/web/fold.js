@@ -11,9 +11,14 @@
 //   message_delta        stop_reason; usage fields overwrite (cumulative counts, never added)
 //   message_stop         the answer is complete
 //   ping                 ignored
-//   error                the answer is incomplete: kept as it is, marked with the error
+//   error                the answer is incomplete: kept as it is, marked with the error; before message_start
+//                        (or as the HTTP error the page folds in the same way) the request was refused
 // Anything else out of order (a delta for a block never started, events after the end) also makes the
 // answer incomplete, with an `invalid_stream` error: a broken stream never looks finished.
+//
+// How an answer ends (`status`): "complete" (message_stop), "incomplete" (it had started — message_start — and
+// stopped short), "refused" (an error arrived before any answer: the gateway's or the provider's refusal) or
+// "failed" (no answer and no error from either: a stream that broke, ended or was stopped before message_start).
 
 export const USAGE_FIELDS = [
   "input_tokens",
@@ -24,7 +29,7 @@ export const USAGE_FIELDS = [
 
 export function newAnswer(now = 0) {
   return {
-    status: "waiting", // waiting -> streaming -> complete | incomplete
+    status: "waiting", // waiting -> (refused | failed) or streaming -> complete | incomplete
     message: null,
     blocks: [],
     citations: [], // every citation in arrival order; marker n is citations[n - 1]
@@ -37,9 +42,14 @@ export function newAnswer(now = 0) {
   };
 }
 
-function fail(answer, type, message, now) {
-  if (answer.status === "complete" || answer.status === "incomplete") return { error: true };
-  answer.status = "incomplete";
+function ended(answer) {
+  return ["complete", "incomplete", "refused", "failed"].includes(answer.status);
+}
+
+// `reported`: the error came from the other side (an `error` event, an HTTP error), not from how the stream went.
+function fail(answer, type, message, now, reported = false) {
+  if (ended(answer)) return { error: true };
+  answer.status = answer.message ? "incomplete" : reported ? "refused" : "failed";
   answer.error = { type, message };
   answer.endedAt = now;
   return { error: true };
@@ -81,9 +91,9 @@ export function foldEvent(answer, event, now = 0) {
   if (type === "ping") return {};
   if (type === "error") {
     const error = event.error || {};
-    return fail(answer, error.type || "api_error", error.message || "the provider reported an error", now);
+    return fail(answer, error.type || "api_error", error.message || "the provider reported an error", now, true);
   }
-  if (answer.status === "complete" || answer.status === "incomplete") {
+  if (ended(answer)) {
     return {}; // nothing after the end changes the answer
   }
   if (type === "message_start") {
@@ -184,10 +194,12 @@ const KNOWN = new Set([
   "message_stop",
 ]);
 
-// The byte stream ended (or the connection broke): whatever was not finished is incomplete.
-export function finish(answer, now = 0, reason = "the stream ended before message_stop") {
-  if (answer.status === "complete" || answer.status === "incomplete") return {};
-  return fail(answer, "stream_ended", reason, now);
+// The byte stream ended (or the connection broke): whatever was not finished is incomplete (or, not started,
+// failed).
+export function finish(answer, now = 0, reason = null) {
+  if (ended(answer)) return {};
+  const why = reason ?? (answer.message ? "the stream ended before message_stop" : "the stream ended before any answer");
+  return fail(answer, "stream_ended", why, now);
 }
 
 // How a text block is shown: its text, then its citation markers, then the whitespace the text ends with —

@@ -296,17 +296,28 @@ function renderSources() {
   els.noSources.hidden = seen.size > 0;
 }
 
+function showFailure(error) {
+  els.failure.replaceChildren();
+  const strong = document.createElement("strong");
+  strong.textContent = error.type;
+  els.failure.append(strong, document.createTextNode(`: ${error.message}`));
+  els.failure.hidden = false;
+}
+
+// "Incomplete" only for an answer that started and stopped short; an error before any answer is a refusal.
 function renderEnd(answer) {
   if (answer.status === "complete") {
     setState("complete", `Complete (${answer.stopReason || "no stop reason"}).`);
   } else if (answer.status === "incomplete") {
     setState("incomplete", "Incomplete: the answer stopped before it was finished.");
-    els.failure.replaceChildren();
-    const strong = document.createElement("strong");
-    strong.textContent = answer.error.type;
-    els.failure.append(strong, document.createTextNode(`: ${answer.error.message}`));
-    els.failure.hidden = false;
+    showFailure(answer.error);
     els.blocks.classList.add("incomplete");
+  } else if (answer.status === "refused") {
+    setState("refused", `Refused: ${answer.error.message}`);
+    showFailure(answer.error);
+  } else if (answer.status === "failed") {
+    setState("failed", "No answer: the request ended before an answer started.");
+    showFailure(answer.error);
   }
 }
 
@@ -370,11 +381,11 @@ async function ask(event) {
   const { docs, titles } = collectDocuments();
   const question = els.question.value.trim();
   if (!els.model.value) {
-    setState("incomplete", "Pick a model alias first (Reload lists them).");
+    setState("failed", "Pick a model alias first (Reload lists them).");
     return;
   }
   if (!question) {
-    setState("incomplete", "Type a question first.");
+    setState("failed", "Type a question first.");
     return;
   }
   const body = {
