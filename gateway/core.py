@@ -134,7 +134,7 @@ class Gateway:
         return self.runtime.adapters
 
     def _adopt(self, runtime: Runtime) -> None:
-        self.metrics.set_pricing(runtime.settings.pricing)
+        self.metrics.set_pricing(runtime.settings.pricing, builtin=runtime.settings.builtin_pricing)
         self.metrics.tracer = request_tracer(runtime.settings.server.tracing)
 
     def _load(self, path: Path) -> Runtime | None:

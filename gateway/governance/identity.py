@@ -188,8 +188,15 @@ class IssuedKeys:
         for name, value in (("team", request.team), ("user", request.user)):
             if value is not None and len(value) > 128:
                 raise InvalidRequest(f"{name}: at most 128 characters")
-        if request.limits is not None and request.limits.budget is not None and not settings.pricing:
-            raise InvalidRequest("limits.budget: this gateway has no pricing table to count a budget with")
+        if (
+            request.limits is not None
+            and request.limits.budget is not None
+            and not settings.pricing
+            and not settings.builtin_pricing
+        ):
+            raise InvalidRequest(
+                "limits.budget: this gateway has no prices to count a budget with (builtin_pricing: false)"
+            )
         now_ms = int(self._clock() * 1000)
         expires_ms = None if request.expires_at is None else _epoch_ms(request.expires_at)
         if expires_ms is not None and expires_ms <= now_ms:

@@ -45,9 +45,9 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.governance.pricing import Prices
 from gateway.settings import ApiKey, LimitSettings, Settings
 from gateway.wire.errors import GatewayError, InvalidRequest
 
@@ -709,20 +709,19 @@ def unpriced_routes(settings: Settings) -> list[str]:
     if not budgets:
         return []
 
-    def priced(model: str) -> bool:
-        return any(fnmatchcase(model, pattern) for pattern in settings.pricing)
-
+    prices = Prices(settings.pricing, builtin=settings.builtin_pricing)
+    shipped = " or the shipped Claude table" if settings.builtin_pricing else ""
     out = []
     for alias, route in settings.models.items():
         for target in route.targets:
-            if target.model is not None and not priced(target.model):
+            if target.model is not None and not prices.covers(target.model):
                 out.append(
                     f"route {alias!r}: target model {target.model!r} has no price: a key with a budget is refused it"
                 )
-            elif target.model is None and not priced(alias):  # a glob alias, as a name: a pattern at least as wide
+            elif target.model is None and not prices.covers(alias):  # the alias's names, passed through
                 out.append(
                     f"route {alias!r} passes the client's model names through and no price matches all of them: a key "
-                    "with a budget is refused the names `pricing` does not match"
+                    f"with a budget is refused the names `pricing`{shipped} does not price"
                 )
     return out
 

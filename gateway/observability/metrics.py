@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from fnmatch import fnmatchcase
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gateway.governance.pricing import Prices
 from gateway.settings import Price
 from gateway.wire.events import Usage
 
@@ -16,7 +16,6 @@ __all__ = ["CONTENT_TYPE", "TOKEN_TYPES", "Metrics", "multiprocess_dir"]
 # The ``type`` label of gateway_tokens_total, in the order _Children holds them.
 TOKEN_TYPES = ("input", "output", "cache_read", "cache_creation")
 
-_MISSING = object()
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -140,9 +139,8 @@ class Metrics:
         )
         # collectors that read this process's live state at scrape time (the breakers): per worker
         self.live = CollectorRegistry()
-        self.pricing: list[tuple[str, Price]] = []
+        self.pricing = Prices(builtin=False)  # none until the gateway sets its config's (set_pricing)
         self.tracer: Any = None  # an OpenTelemetry tracer when server.tracing is on
-        self._prices: dict[str, Price | None] = {}
         self.usage_mismatch = Counter(
             "gateway_usage_mismatch",
             "Streams whose provider-side token counts (Bedrock invocation metrics) disagree with the stream's usage.",
@@ -195,17 +193,12 @@ class Metrics:
     def ledger_queue(self, depth: int) -> None:
         self.ledger_queue_rows.set(depth)
 
-    def set_pricing(self, pricing: dict[str, Price]) -> None:
-        self.pricing = list(pricing.items())
-        self._prices = {}
+    def set_pricing(self, pricing: dict[str, Price], *, builtin: bool = True) -> None:
+        """The config's ``pricing`` and ``builtin_pricing`` (gateway.governance.pricing): at start-up and on reload."""
+        self.pricing = Prices(pricing, builtin=builtin)
 
     def price_of(self, model: str) -> Price | None:
-        price = self._prices.get(model, _MISSING)
-        if price is _MISSING:
-            price = next((p for pattern, p in self.pricing if fnmatchcase(model, pattern)), None)
-            if len(self._prices) < 4096:
-                self._prices[model] = price
-        return price  # type: ignore[return-value]
+        return self.pricing.price_of(model)
 
     def render(self) -> bytes:
         """The exposition: every worker's counters, histograms and gauges merged (multiprocess mode, when the

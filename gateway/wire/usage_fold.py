@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from gateway.wire.events import EventView, Usage, UsageView
 
 if TYPE_CHECKING:
-    from gateway.settings import Price
+    from gateway.settings import LongContextPrice, Price
 
 __all__ = ["EMPTY", "cost_of", "fold_usage", "overwrite_present", "total_tokens", "usage_of"]
 
@@ -64,10 +64,18 @@ def total_tokens(usage: Usage) -> int:
 
 
 def cost_of(usage: Usage, price: Price) -> float:
-    """US dollars for ``usage`` at ``price`` (per million tokens of each type)."""
+    """US dollars for ``usage`` at ``price`` (per million tokens of each type); every token at the price's
+    long-context tier when the input (uncached, cache reads and writes together) is over the tier's threshold."""
+    uncached = usage.input_tokens or 0
+    read = usage.cache_read_input_tokens or 0
+    written = usage.cache_creation_input_tokens or 0
+    tier = price.long_context
+    rates: Price | LongContextPrice = price
+    if tier is not None and uncached + read + written > tier.above_input_tokens:
+        rates = tier
     return (
-        (usage.input_tokens or 0) * price.input
-        + (usage.output_tokens or 0) * price.output
-        + (usage.cache_read_input_tokens or 0) * price.cache_read
-        + (usage.cache_creation_input_tokens or 0) * price.cache_creation
+        uncached * rates.input
+        + (usage.output_tokens or 0) * rates.output
+        + read * rates.cache_read
+        + written * rates.cache_creation
     ) / 1_000_000

@@ -43,24 +43,24 @@ def test_a_budget_limited_key_is_refused_a_model_without_a_price(fake: FakeClaud
         for key in ("sk-capped", "sk-team"):  # the key's own budget, and its team's
             for _ in range(5):
                 resp = httpx.post(
-                    f"{gw.url}/v1/messages", json={"model": "claude-3-opus-latest", **KW}, headers={"x-api-key": key}
+                    f"{gw.url}/v1/messages", json={"model": "claude-opus-6", **KW}, headers={"x-api-key": key}
                 )
                 assert resp.status_code == 400, resp.text
                 error = resp.json()["error"]
                 assert error["type"] == "invalid_request_error"
-                assert "'claude-3-opus-latest' has no price" in error["message"] and "budget" in error["message"]
+                assert "'claude-opus-6' has no price" in error["message"] and "budget" in error["message"]
         assert len(fake.requests) == before  # nothing reached the provider
         priced = httpx.post(
             f"{gw.url}/v1/messages", json={"model": "fake-text", **KW}, headers={"x-api-key": "sk-team"}
         )
         assert priced.status_code == 200
         free = httpx.post(
-            f"{gw.url}/v1/messages", json={"model": "claude-3-opus-latest", **KW}, headers={"x-api-key": "sk-free"}
+            f"{gw.url}/v1/messages", json={"model": "claude-opus-6", **KW}, headers={"x-api-key": "sk-free"}
         )
         assert free.status_code == 200  # no budget: nothing to hold, the name is served as before
         counted = httpx.post(  # a token count spends nothing: never limited, so never refused for a price
             f"{gw.url}/v1/messages/count_tokens",
-            json={"model": "claude-3-opus-latest", "messages": KW["messages"]},
+            json={"model": "claude-opus-6", "messages": KW["messages"]},
             headers={"x-api-key": "sk-capped"},
         )
         assert counted.status_code == 200
@@ -72,7 +72,7 @@ def test_a_budget_limited_key_is_refused_a_model_without_a_price(fake: FakeClaud
         assert issued.status_code == 201, issued.text
         resp = httpx.post(
             f"{gw.url}/v1/messages",
-            json={"model": "claude-3-opus-latest", **KW},
+            json={"model": "claude-opus-6", **KW},
             headers={"x-api-key": issued.json()["key"]},
         )
         assert resp.status_code == 400 and "has no price" in resp.json()["error"]["message"]
@@ -91,7 +91,7 @@ providers:
 models:
   "*": {targets: [{provider: claude}]}
   "fake-*": {targets: [{provider: claude}]}
-  opus: {targets: [{provider: claude, model: claude-opus-4-1}]}
+  opus: {targets: [{provider: claude, model: claude-opus-6}]}
   sonnet: {targets: [{provider: claude, model: fake-sonnet}]}
 pricing:
   "fake-*": {input: 3, output: 15}
@@ -103,7 +103,7 @@ pricing:
     warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 2, done.stderr
     assert "route '*' passes the client's model names through" in warnings[0]
-    assert "route 'opus': target model 'claude-opus-4-1' has no price" in warnings[1]
+    assert "route 'opus': target model 'claude-opus-6' has no price" in warnings[1]
     config.write_text("auth: {keys: [{name: a, key: sk-a, limits: {requests_per_minute: 5}}]}" + routes)
     quiet = check_config(config)  # no budget anywhere, no admin key to issue one: nothing to warn of
     assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
@@ -170,3 +170,55 @@ models:
         assert httpx.post(f"{gw.url}/v1/messages", json={"model": "sonnet", **KW}, headers=carol).status_code == 200
         doc = httpx.get(f"{gw.url}/v1/gateway/status", headers=carol).json()
         assert doc["key"] == "carol" and doc["aliases"][0]["today"]["requests"] == 1
+
+
+def test_a_claude_model_the_config_does_not_price_is_counted_at_its_list_price(fake: FakeClaudeAPI) -> None:
+    """Claude Code sent claude-opus-5-5 through a ``claude-*`` glob the operator's ``pricing`` did not cover: the rows
+    had no cost and the budget never moved. With no ``pricing`` at all, the shipped table prices it ($4 / $20 per
+    MTok), the budget counts it, and a name the table does not know is still refused under a budget."""
+    config = f"""
+auth:
+  keys:
+    - {{name: dev, key: sk-dev, limits: {{budget: {{usd: 1, per: day}}}}}}
+admin: {{keys: [sk-admin]}}
+store: {{url: "memory://"}}
+providers:
+  claude: {{kind: anthropic, api_key: provider-key, base_url: "{fake.base_url}"}}
+models:
+  "claude-*": {{targets: [{{provider: claude}}]}}
+"""
+    with run_gateway(config) as gw:
+        spent = 0.0
+        for _ in range(2):
+            resp = httpx.post(
+                f"{gw.url}/v1/messages", json={"model": "claude-opus-5-5", **KW}, headers={"x-api-key": "sk-dev"}
+            )
+            assert resp.status_code == 200, resp.text
+            usage = resp.json()["usage"]
+            spent += (
+                usage["input_tokens"] * 4
+                + usage["output_tokens"] * 20
+                + usage.get("cache_read_input_tokens", 0) * 0.20
+                + usage.get("cache_creation_input_tokens", 0) * 5
+            ) / 1_000_000
+        assert spent > 0
+        status = httpx.get(f"{gw.url}/v1/gateway/status", headers={"x-api-key": "sk-admin"}, timeout=30).json()
+        (dev,) = [k for k in status["limits"]["keys"] if k["name"] == "dev"]
+        assert abs(dev["budget"]["spent_usd"] - spent) < 1e-12
+        unknown = httpx.post(
+            f"{gw.url}/v1/messages", json={"model": "claude-opus-6", **KW}, headers={"x-api-key": "sk-dev"}
+        )
+        assert unknown.status_code == 400 and "'claude-opus-6' has no price" in unknown.json()["error"]["message"]
+
+
+def test_without_the_shipped_table_a_budget_needs_a_pricing_table(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        "builtin_pricing: false\n"
+        "auth: {keys: [{name: a, key: sk-a, limits: {budget: {usd: 1, per: day}}}]}\n"
+        "providers: {claude: {kind: anthropic, api_key: provider-key}}\n"
+        "models: {'claude-*': {targets: [{provider: claude}]}}\n"
+    )
+    done = check_config(config)
+    assert done.returncode != 0
+    assert "a budget needs prices" in done.stderr and "builtin_pricing: false" in done.stderr

@@ -105,10 +105,12 @@ def test_a_bad_key_request_is_a_400_naming_the_field(fields: dict[str, Any], mes
 def test_a_budget_without_prices_and_a_name_taken_twice_are_refused() -> None:
     from gateway.settings import Budget
 
-    snapshot, issued, _, _ = setup()
+    snapshot, issued, _, _ = setup(CONFIG + "builtin_pricing: false\n")
     budget = LimitSettings(budget=Budget(usd=5, per="day"))
-    with pytest.raises(InvalidRequest, match="no pricing table"):
-        asyncio.run(issued.issue(KeyRequest(name="a", limits=budget), snapshot.settings, set()))
+    with pytest.raises(InvalidRequest, match=r"no prices to count a budget with \(builtin_pricing: false\)"):
+        asyncio.run(issued.issue(KeyRequest(name="b", limits=budget), snapshot.settings, set()))
+    with_table, issued_too, _, _ = setup()  # the shipped Claude prices count it
+    asyncio.run(issued_too.issue(KeyRequest(name="b", limits=budget), with_table.settings, set()))
     asyncio.run(issued.issue(KeyRequest(name="a"), snapshot.settings, set()))
     with pytest.raises(InvalidRequest, match="exists; revoke it first"):
         asyncio.run(issued.issue(KeyRequest(name="a"), snapshot.settings, set()))
