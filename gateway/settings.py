@@ -7,15 +7,18 @@ error that names the key and its line.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
+import msgspec.inspect
 import yaml
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "EntraSettings",
     "FoundryProvider",
     "LimitSettings",
+    "LongContextPrice",
     "MetricsSettings",
     "MockProvider",
     "ModelRoute",
@@ -430,13 +434,27 @@ class ModelRoute(_Strict, frozen=True, kw_only=True):
     max_tokens_policy: Literal["reject", "clamp"] = "reject"
 
 
+class LongContextPrice(_Strict, frozen=True, kw_only=True):
+    """A model's prices for a request whose input (uncached, cache reads and cache writes together) is over
+    ``above_input_tokens``: every token of that request is priced at these (as Anthropic prices Sonnet 4.5 over
+    200K tokens and Haiku 5.5 over 100K)."""
+
+    above_input_tokens: Annotated[int, msgspec.Meta(ge=1)]
+    input: NonNegativeFloat = 0.0
+    output: NonNegativeFloat = 0.0
+    cache_read: NonNegativeFloat = 0.0
+    cache_creation: NonNegativeFloat = 0.0
+
+
 class Price(_Strict, frozen=True, kw_only=True):
-    """US dollars per million tokens of each type."""
+    """US dollars per million tokens of each type (``cache_creation``: a cache write, at the rate of the cache
+    lifetime the clients use; Anthropic's 5-minute writes are 1.25 times input, its 1-hour writes twice)."""
 
     input: NonNegativeFloat = 0.0
     output: NonNegativeFloat = 0.0
     cache_read: NonNegativeFloat = 0.0
     cache_creation: NonNegativeFloat = 0.0
+    long_context: LongContextPrice | None = None  # a higher tier for long requests
 
 
 class StoreSettings(_Strict, frozen=True, kw_only=True):
@@ -495,7 +513,11 @@ class Settings(_Strict, frozen=True, kw_only=True):
     resilience: ResilienceSettings = ResilienceSettings()
     providers: dict[str, ProviderConfig] = {}
     models: dict[str, ModelRoute] = {}
-    pricing: dict[str, Price] = {}  # upstream model id (globs allowed, first match in file order) -> price
+    # upstream model id (globs allowed, first match in file order) -> price; matched before the shipped table
+    pricing: dict[str, Price] = {}
+    # the gateway's own table of Claude list prices (gateway/governance/pricing.py) for every model `pricing` does
+    # not match: first party, Bedrock (its regional premium), Vertex and Foundry ids alike; false: `pricing` only
+    builtin_pricing: bool = True
     store: StoreSettings = StoreSettings()
     metrics: MetricsSettings = MetricsSettings()
     reports: ReportSettings = ReportSettings()
@@ -505,22 +527,31 @@ class Settings(_Strict, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         budgets = [self.limits, *(t.limits for t in self.teams.values())]
         budgets += [k.limits for k in self.auth.keys if isinstance(k, ApiKey)]
-        if any(limits is not None and limits.budget is not None for limits in budgets) and not self.pricing:
-            raise ValueError("a budget needs prices: add a `pricing` table for the models it covers")
-        for entry in self.auth.keys:
+        budgeted = any(limits is not None and limits.budget is not None for limits in budgets)
+        if budgeted and not self.pricing and not self.builtin_pricing:
+            raise ValueError(
+                "a budget needs prices: with builtin_pricing: false, add a `pricing` table for the models it covers"
+                " - at `$.builtin_pricing`"
+            )
+        for i, entry in enumerate(self.auth.keys):
             if isinstance(entry, ApiKey) and entry.team and self.teams and entry.team not in self.teams:
-                raise ValueError(f"key {entry.name!r} names team {entry.team!r}, which `teams` does not list")
+                raise ValueError(
+                    f"key {entry.name!r} names team {entry.team!r}, which `teams` does not list"
+                    f"{_did_you_mean(entry.team, self.teams)} (teams: {', '.join(sorted(self.teams))})"
+                    f" - at `$.auth.keys[{i}].team`"
+                )
         jwt = self.auth.jwt
         if jwt is not None and jwt.team_claim is not None and jwt.unknown_team == "deny" and not self.teams:
             raise ValueError(
                 "auth.jwt.team_claim with unknown_team: deny and no `teams` would refuse every token: "
-                "list the teams, or say auth.jwt.unknown_team: allow"
+                "list the teams, or say auth.jwt.unknown_team: allow - at `$.auth.jwt.team_claim`"
             )
         issuable = bool(self.admin.keys) and self.store.enabled  # keys issued at run time
         if not self.auth.keys and not self.auth.open and self.auth.jwt is None and not issuable:
             raise ValueError(
                 "no auth.keys: list the keys clients must send, issue them at run time (admin.keys and the store), "
                 "accept the identity provider's tokens (auth.jwt), or say `auth: {open: true}` to serve without one"
+                " - at `$.auth`"
             )
 
 
@@ -553,9 +584,13 @@ def parse_settings(text: str, *, source: str = "<config>", environ: Mapping[str,
         column = f" (column {mark.column + 1})" if mark is not None else ""
         raise ConfigError(f"{where}: invalid YAML: {problem}{column}") from None
     lines: dict[str, int] = {}
-    data = {} if node is None else _to_python(node, "$", lines, env, source)
+    filled: list[_Filled] = []
+    data = {} if node is None else _to_python(node, "$", lines, env, source, filled)
+    for container, index, path, template in filled:  # "${PORT}" fills an int field as an int, then is checked
+        where = f"{source}:{lines.get(path, 1)}"
+        container[index] = _coerce(container[index], _type_at(path, data, resolve=False), where, template)
     # msgspec reports dict values as `[...]`; check keyed sections one entry at a time to name the key.
-    for section, kind in (("providers", ProviderConfig), ("models", ModelRoute)):
+    for section, kind in _KEYED_SECTIONS:
         entries = data.get(section) if isinstance(data, dict) else None
         for name, value in entries.items() if isinstance(entries, dict) else ():
             try:
@@ -564,13 +599,127 @@ def parse_settings(text: str, *, source: str = "<config>", environ: Mapping[str,
                 message = str(exc).replace("at `$", f"at `$.{section}.{name}")
                 if "at `$" not in message:
                     message += f" - at `$.{section}.{name}`"
-                raise ConfigError(_locate(message, lines, source)) from exc
+                raise ConfigError(_locate(message, lines, source, data)) from exc
     try:
         settings = msgspec.convert(data, Settings)
     except msgspec.ValidationError as exc:
-        raise ConfigError(_locate(str(exc), lines, source)) from exc
+        raise ConfigError(_locate(str(exc), lines, source, data)) from exc
     _check_references(settings, lines, source)
     return settings
+
+
+# (the dict or list holding an interpolated scalar, its key or index, its path, the text before it was filled)
+_Filled = tuple[Any, Any, str, str]
+_KEYED_SECTIONS: tuple[tuple[str, Any], ...] = (
+    ("providers", ProviderConfig),
+    ("models", ModelRoute),
+    ("teams", TeamSettings),
+    ("pricing", Price),
+)
+
+
+def _member(t: Any, value: Any) -> Any:
+    """``t`` with an Optional's None and a union's other members set aside, as far as ``value`` tells them apart (a
+    tagged union by its tag field; a string or a mapping); a union it cannot tell apart stays a union."""
+    while isinstance(t, msgspec.inspect.Metadata):
+        t = t.type
+    if not isinstance(t, msgspec.inspect.UnionType):
+        return t
+    members: list[Any] = [m for m in t.types if not isinstance(m, msgspec.inspect.NoneType)]
+    if len(members) > 1 and isinstance(value, dict):
+        structs = [m for m in members if isinstance(m, msgspec.inspect.StructType)]
+        tagged = [m for m in structs if m.tag_field is not None and value.get(m.tag_field) == m.tag]
+        members = tagged or (structs if len(structs) == 1 else members)
+    elif len(members) > 1 and isinstance(value, str):
+        members = [m for m in members if not isinstance(m, msgspec.inspect.StructType)] or members
+    return _member(members[0], value) if len(members) == 1 else msgspec.inspect.UnionType(types=tuple(members))
+
+
+_SEGMENT = re.compile(r"\.([^.\[]+)|\[([^\]]*)\]")
+
+
+def _type_at(path: str, data: Any, *, resolve: bool = True) -> Any:
+    """The config type at ``path`` (``$.teams.pay.limits.budget.per``; a map key holding dots is found by trying the
+    keys the data has), resolving unions by the data there; None where the path leaves the schema. The tag field of a
+    tagged union it cannot resolve (``providers.x.kind: aws-bedrock``) is a LiteralType of the tags."""
+    t: Any = msgspec.inspect.type_info(Settings)
+    rest, value = path[1:], data
+    while rest:
+        t = _member(t, value)
+        if isinstance(t, msgspec.inspect.DictType) and rest.startswith("."):
+            keys = sorted(value, key=len, reverse=True) if isinstance(value, dict) else []
+            key = next((k for k in keys if rest[1:] == k or rest[1:].startswith((f"{k}.", f"{k}["))), None)
+            if key is None:
+                match = _SEGMENT.match(rest)
+                key = match.group(1) if match and match.group(1) else rest[1:]
+            rest, t = rest[1 + len(key) :], t.value_type
+            value = value.get(key) if isinstance(value, dict) else None
+            continue
+        match = _SEGMENT.match(rest)
+        if match is None:
+            return None
+        rest = rest[match.end() :]
+        name, index = match.group(1), match.group(2)
+        if name is not None and isinstance(t, msgspec.inspect.StructType):
+            field = next((f for f in t.fields if f.encode_name == name), None)
+            if field is None:
+                return None
+            t, value = field.type, value.get(name) if isinstance(value, dict) else None
+        elif name is not None and isinstance(t, msgspec.inspect.UnionType):
+            tags = [m for m in t.types if isinstance(m, msgspec.inspect.StructType) and m.tag_field == name]
+            if not tags or rest:
+                return None
+            return msgspec.inspect.LiteralType(values=tuple(m.tag for m in tags))
+        elif index is not None and isinstance(t, msgspec.inspect.ListType | msgspec.inspect.SetType):
+            t = t.item_type
+            value = (
+                value[int(index)] if isinstance(value, list) and index.isdigit() and int(index) < len(value) else None
+            )
+        elif index is not None and isinstance(t, msgspec.inspect.DictType):
+            t, value = t.value_type, None
+        else:
+            return None
+    return _member(t, value) if resolve else t
+
+
+_TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+
+
+def _coerce(text: Any, t: Any, where: str, template: str) -> Any:
+    """An interpolated scalar as the type its field takes: an int, a float or a bool where the field wants one (an
+    empty value, where it may be None, is None); text everywhere else. The value is never quoted in an error (it
+    came from the environment), the template it filled is."""
+    if not isinstance(text, str):
+        return text
+    while isinstance(t, msgspec.inspect.Metadata):
+        t = t.type
+    members = list(t.types) if isinstance(t, msgspec.inspect.UnionType) else [t]
+    kinds = {type(m.type if isinstance(m, msgspec.inspect.Metadata) else m) for m in members}
+    if msgspec.inspect.StrType in kinds or msgspec.inspect.LiteralType in kinds or t is None:
+        return text
+    if text == "" and msgspec.inspect.NoneType in kinds:
+        return None
+    lowered = text.strip().lower()
+    if msgspec.inspect.BoolType in kinds and lowered in _TRUE | _FALSE:
+        return lowered in _TRUE
+    if msgspec.inspect.IntType in kinds:
+        with contextlib.suppress(ValueError):
+            return int(text.strip())
+    if msgspec.inspect.FloatType in kinds:
+        with contextlib.suppress(ValueError):
+            return float(text.strip())
+    wanted = " or ".join(
+        {
+            msgspec.inspect.IntType: "an integer",
+            msgspec.inspect.FloatType: "a number",
+            msgspec.inspect.BoolType: "true or false",
+        }[k]
+        for k in (msgspec.inspect.IntType, msgspec.inspect.FloatType, msgspec.inspect.BoolType)
+        if k in kinds
+    )
+    if not wanted:
+        return text
+    raise ConfigError(f"{where}: {template} must fill {wanted}, and the environment's value is not")
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\$")
@@ -590,7 +739,9 @@ def _interpolate(value: str, env: Mapping[str, str], where: str) -> str:
     return _VAR.sub(sub, value)
 
 
-def _to_python(node: yaml.Node, path: str, lines: dict[str, int], env: Mapping[str, str], source: str) -> Any:
+def _to_python(
+    node: yaml.Node, path: str, lines: dict[str, int], env: Mapping[str, str], source: str, filled: list[_Filled]
+) -> Any:
     lines[path] = node.start_mark.line + 1
     where = f"{source}:{node.start_mark.line + 1}"
     if isinstance(node, yaml.MappingNode):
@@ -601,15 +752,26 @@ def _to_python(node: yaml.Node, path: str, lines: dict[str, int], env: Mapping[s
                 raise ConfigError(f"{source}:{key_node.start_mark.line + 1}: duplicate key {key!r}")
             child = f"{path}.{key}"
             lines[child + "#key"] = key_node.start_mark.line + 1
-            out[key] = _to_python(value_node, child, lines, env, source)
+            out[key] = _to_python(value_node, child, lines, env, source, filled)
+            if _interpolated(value_node):
+                filled.append((out, key, child, value_node.value))
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_to_python(item, f"{path}[{i}]", lines, env, source) for i, item in enumerate(node.value)]
+        items: list[Any] = []
+        for i, item in enumerate(node.value):
+            items.append(_to_python(item, f"{path}[{i}]", lines, env, source, filled))
+            if _interpolated(item):
+                filled.append((items, i, f"{path}[{i}]", item.value))
+        return items
     assert isinstance(node, yaml.ScalarNode)
     if node.tag == "tag:yaml.org,2002:str":
         text = _text(node.value, where)
         return _interpolate(text, env, where) if "$" in text else text
     return _construct_scalar(node, env, where)
+
+
+def _interpolated(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and "${" in str(node.value)
 
 
 def _text(value: str, where: str) -> str:
@@ -644,7 +806,10 @@ _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
 _QUOTED_VALUE = re.compile(r"(Invalid enum value|Invalid value) '[^']*'")
 
 
-def _locate(message: str, lines: dict[str, int], source: str) -> str:
+_AT = re.compile(r"\s*-\s*at `\$[^`]*`")
+
+
+def _locate(message: str, lines: dict[str, int], source: str, data: Any = None) -> str:
     message = _QUOTED_VALUE.sub(r"\1", message)  # name the key and the line, never the value (a secret?)
     match = _PATH.search(message)
     path = match.group(1) if match else "$"
@@ -652,13 +817,28 @@ def _locate(message: str, lines: dict[str, int], source: str) -> str:
     if unknown:
         key_path = f"{path}.{unknown.group(1)}"
         line = lines.get(key_path + "#key") or lines.get(path)
-        return f"{source}:{line}: unknown key {unknown.group(1)!r} in {_pretty(path)}"
+        where = _type_at(path, data)
+        names = [f.encode_name for f in where.fields] if isinstance(where, msgspec.inspect.StructType) else []
+        hint = _did_you_mean(unknown.group(1), names)
+        return f"{source}:{line}: unknown key {unknown.group(1)!r} in {_pretty(path)}{hint}"
     line = lines.get(path + "#key") or lines.get(path)
-    while line is None and "." in path:
-        path = path.rsplit(".", 1)[0]
-        line = lines.get(path)
-    reason = _PATH.sub("", message).strip().rstrip("-").strip()
-    return f"{source}:{line or 1}: {reason} at {_pretty(match.group(1) if match else '$')}"
+    found = path
+    while line is None and "." in found:
+        found = found.rsplit(".", 1)[0]
+        line = lines.get(found)
+    reason = _AT.sub("", message).strip()
+    allowed = ""
+    if reason.startswith(("Invalid enum value", "Invalid value")):
+        t = _type_at(path, data)
+        if isinstance(t, msgspec.inspect.LiteralType | msgspec.inspect.EnumType):
+            values = t.values if isinstance(t, msgspec.inspect.LiteralType) else [m.value for m in t.cls]
+            allowed = f": use one of {', '.join(str(v) for v in values)}"
+    return f"{source}:{line or 1}: {reason} at {_pretty(path)}{allowed}"
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _pretty(path: str) -> str:
@@ -673,5 +853,5 @@ def _check_references(settings: Settings, lines: dict[str, int], source: str) ->
                 known = ", ".join(sorted(settings.providers)) or "none"
                 raise ConfigError(
                     f"{source}:{lines.get(where, 1)}: model {alias!r} targets unknown provider "
-                    f"{target.provider!r} (known: {known})"
+                    f"{target.provider!r}{_did_you_mean(target.provider, settings.providers)} (known: {known})"
                 )
