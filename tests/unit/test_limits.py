@@ -163,8 +163,8 @@ def test_no_rules_no_lease_and_an_open_gateway_gets_the_defaults() -> None:
 @pytest.mark.parametrize(
     ("yaml", "message"),
     [
-        ("auth: {keys: [{name: a, key: k, limits: {budget: {usd: 5}}}]}", "a budget needs prices"),
-        ("auth: {keys: [k]}\nlimits: {budget: {usd: 5}}", "a budget needs prices"),
+        ("builtin_pricing: false\nauth: {keys: [{name: a, key: k, limits: {budget: {usd: 5}}}]}", "needs prices"),
+        ("builtin_pricing: false\nauth: {keys: [k]}\nlimits: {budget: {usd: 5}}", "a budget needs prices"),
         ("auth: {keys: [{name: a, key: k, team: nope}]}\nteams: {pay: {}}", "names team 'nope'"),
         ("auth: {keys: [k]}\nlimits: {requests_per_minute: 0}", "requests_per_minute"),
     ],
