@@ -59,6 +59,7 @@ class BackgroundServer:
     def __init__(self) -> None:
         self.base_url = ""
         self.port = 0
+        self.listen_port = 0  # the port to listen on, set before start (0: a free one; the --serve mode's --port)
         self._cond = threading.Condition()
         self._state: Any = self._new_state()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -227,7 +228,7 @@ class BackgroundServer:
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", self.listen_port)
         await site.start()
         self._runner = runner
         host, port = runner.addresses[0][:2]

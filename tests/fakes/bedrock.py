@@ -1290,11 +1290,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--serve", action="store_true", help="run the fake until Ctrl-C and print its URL")
     parser.add_argument("--converse-dir", type=Path, default=None)
+    parser.add_argument("--port", type=int, default=0, help="the port to listen on (default: a free one)")
     args = parser.parse_args(argv)
     if not args.serve:
         parser.print_help()
         return 0
-    with FakeBedrock(converse_dir=args.converse_dir) as fake:
+    fake = FakeBedrock(converse_dir=args.converse_dir)
+    fake.listen_port = args.port
+    with fake:
         print(fake.base_url, flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()

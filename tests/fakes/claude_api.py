@@ -824,12 +824,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--write-fixtures", nargs="?", const=str(DEFAULT_FIXTURE_DIR), metavar="DIR")
     parser.add_argument("--serve", action="store_true", help="run the fake until Ctrl-C and print its URL")
+    parser.add_argument("--port", type=int, default=0, help="the port to listen on (default: a free one)")
     args = parser.parse_args(argv)
     if args.write_fixtures:
         for path in write_fixtures(args.write_fixtures):
             print(path)
     if args.serve:
-        with FakeClaudeAPI() as fake:
+        fake = FakeClaudeAPI()
+        fake.listen_port = args.port
+        with fake:
             print(fake.base_url, flush=True)
             with contextlib.suppress(KeyboardInterrupt):
                 threading.Event().wait()

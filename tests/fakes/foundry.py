@@ -306,6 +306,7 @@ class FakeFoundry(BackgroundServer):
         token_lifetime_s: int = 3600,
     ) -> None:
         self.api_keys = tuple(api_keys)
+        self.listen_tls_port = 0  # the HTTPS site's port, set before start (0: a free one; --serve's --tls-port)
         self.tenant_id = tenant_id
         self.client_id = client_id
         self.client_secret = client_secret
@@ -433,9 +434,9 @@ class FakeFoundry(BackgroundServer):
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await runner.setup()
         self._runner = runner
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        await web.TCPSite(runner, "127.0.0.1", self.listen_port).start()
         host, port = runner.addresses[0][:2]
-        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx).start()
+        await web.TCPSite(runner, "127.0.0.1", self.listen_tls_port, ssl_context=server_ctx).start()
         tls_port = next(a[1] for a in runner.addresses if a[1] != port)
         self.port, self.tls_port = port, tls_port
         self.base_url = f"http://{host}:{port}/anthropic"
@@ -742,11 +743,15 @@ class FakeFoundry(BackgroundServer):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--serve", action="store_true", help="run the fake until Ctrl-C and print its URLs")
+    parser.add_argument("--port", type=int, default=0, help="the resource's HTTP port (default: a free one)")
+    parser.add_argument("--tls-port", type=int, default=0, help="the HTTPS port of the resource and the authority")
     args = parser.parse_args(argv)
     if not args.serve:
         parser.print_help()
         return 0
-    with FakeFoundry() as fake:
+    fake = FakeFoundry()
+    fake.listen_port, fake.listen_tls_port = args.port, args.tls_port
+    with fake:
         print(fake.base_url, fake.authority_url, fake.ca_file, flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()

@@ -890,11 +890,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--serve", action="store_true", help="run the fake until Ctrl-C and print its URLs")
     parser.add_argument("--project", default="fake-project")
+    parser.add_argument("--port", type=int, default=0, help="the port to listen on (default: a free one)")
     args = parser.parse_args(argv)
     if not args.serve:
         parser.print_help()
         return 0
-    with FakeVertex(project=args.project) as fake:
+    fake = FakeVertex(project=args.project)
+    fake.listen_port = args.port
+    with fake:
         print(fake.base_url, fake.token_uri, fake.issue_token(), flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()
