@@ -9,6 +9,7 @@ import sys
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from gateway.governance.pricing import Prices
 from gateway.settings import ApiKey, BedrockProvider, load_settings
 
 PATH = Path(__file__).resolve().parents[2] / "config" / "production.example.yaml"
@@ -48,9 +49,12 @@ def test_the_production_example_has_every_block() -> None:
     kinds = {type(settings.providers[t.provider]) for t in fallback.targets}
     assert len(kinds) == 2 and BedrockProvider in kinds  # across providers
     for target in fallback.targets:  # every model a budgeted key reaches through the alias has a price
-        assert target.model and any(fnmatchcase(target.model, glob) for glob in settings.pricing)
+        assert target.model and Prices(settings.pricing).price_of(target.model) is not None
+        assert any(fnmatchcase(target.model, glob) for glob in settings.pricing)  # the negotiated rate, not list
     assert any(t.limits is not None and t.limits.budget is not None for t in settings.teams.values())
     assert settings.limits is not None and settings.limits.requests_per_minute and settings.limits.redis_url
     assert settings.store.resolved_url().startswith("postgresql://")
     assert settings.metrics.labels == ["team"]
     assert settings.server.workers > 1
+    assert settings.server.port == 8080
+    assert load_settings(PATH, environ={**ENV, "PORT": "9000"}).server.port == 9000  # ${PORT} fills a number
