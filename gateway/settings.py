@@ -618,11 +618,17 @@ _KEYED_SECTIONS: tuple[tuple[str, Any], ...] = (
 )
 
 
+def _bare(t: Any) -> Any:
+    """A type without the ``Annotated`` metadata msgspec.inspect wraps it in."""
+    while isinstance(t, msgspec.inspect.Metadata):
+        t = t.type
+    return t
+
+
 def _member(t: Any, value: Any) -> Any:
     """``t`` with an Optional's None and a union's other members set aside, as far as ``value`` tells them apart (a
     tagged union by its tag field; a string or a mapping); a union it cannot tell apart stays a union."""
-    while isinstance(t, msgspec.inspect.Metadata):
-        t = t.type
+    t = _bare(t)
     if not isinstance(t, msgspec.inspect.UnionType):
         return t
     members: list[Any] = [m for m in t.types if not isinstance(m, msgspec.inspect.NoneType)]
@@ -683,6 +689,11 @@ def _type_at(path: str, data: Any, *, resolve: bool = True) -> Any:
 
 
 _TRUE, _FALSE = {"true", "yes", "on", "1"}, {"false", "no", "off", "0"}
+_WANTED = (
+    (msgspec.inspect.IntType, "an integer"),
+    (msgspec.inspect.FloatType, "a number"),
+    (msgspec.inspect.BoolType, "true or false"),
+)
 
 
 def _coerce(text: Any, t: Any, where: str, template: str) -> Any:
@@ -691,10 +702,9 @@ def _coerce(text: Any, t: Any, where: str, template: str) -> Any:
     came from the environment), the template it filled is."""
     if not isinstance(text, str):
         return text
-    while isinstance(t, msgspec.inspect.Metadata):
-        t = t.type
+    t = _bare(t)
     members = list(t.types) if isinstance(t, msgspec.inspect.UnionType) else [t]
-    kinds = {type(m.type if isinstance(m, msgspec.inspect.Metadata) else m) for m in members}
+    kinds = {type(_bare(m)) for m in members}
     if msgspec.inspect.StrType in kinds or msgspec.inspect.LiteralType in kinds or t is None:
         return text
     if text == "" and msgspec.inspect.NoneType in kinds:
@@ -708,16 +718,8 @@ def _coerce(text: Any, t: Any, where: str, template: str) -> Any:
     if msgspec.inspect.FloatType in kinds:
         with contextlib.suppress(ValueError):
             return float(text.strip())
-    wanted = " or ".join(
-        {
-            msgspec.inspect.IntType: "an integer",
-            msgspec.inspect.FloatType: "a number",
-            msgspec.inspect.BoolType: "true or false",
-        }[k]
-        for k in (msgspec.inspect.IntType, msgspec.inspect.FloatType, msgspec.inspect.BoolType)
-        if k in kinds
-    )
-    if not wanted:
+    wanted = " or ".join(name for kind, name in _WANTED if kind in kinds)
+    if not wanted:  # a struct, a list…: msgspec says what it expected
         return text
     raise ConfigError(f"{where}: {template} must fill {wanted}, and the environment's value is not")
 

@@ -64,6 +64,7 @@ __all__ = [
     "MemoryCounters",
     "RateLimited",
     "RedisCounters",
+    "budget_counter",
     "check_priced",
     "unpriced_routes",
 ]
@@ -167,6 +168,12 @@ def budget_window(per: str, now: float, period_s: float | None = None) -> tuple[
     return f"{per}:{start.date().isoformat()}", end.timestamp()
 
 
+def budget_counter(scope: str, per: str, now: float, period_s: float | None = None) -> tuple[str, float]:
+    """The counter of ``scope``'s budget in the window ``now`` is in (``{scope}|usd|{window}``), and when it ends."""
+    window, ends = budget_window(per, now, period_s)
+    return f"{scope}|usd|{window}", ends
+
+
 Rule = tuple[str, LimitSettings]  # (scope, limits): scope "key:<key id>" or "team:<name>"
 
 
@@ -185,6 +192,10 @@ class Counters(Protocol):
 
     def add(self, adds: Sequence[Add]) -> Awaitable[None]:
         """Apply ``adds``; a future (or a coroutine) whose failure is the store's error."""
+        ...
+
+    async def read(self, keys: Sequence[str]) -> list[float]:
+        """The counters' values (0 for one not set); ``CountersError`` when the store cannot be read."""
         ...
 
     async def aclose(self) -> None: ...
@@ -236,6 +247,9 @@ class MemoryCounters:
 
     async def add(self, adds: Sequence[Add]) -> None:
         self.add_now(adds, time.time())
+
+    async def read(self, keys: Sequence[str]) -> list[float]:
+        return [self.values.get(key, 0.0) for key in keys]
 
     async def aclose(self) -> None:
         return None
@@ -479,8 +493,8 @@ class Limiter:
                 checks.append((f"{scope}|inflight", limits.max_inflight))
                 what.append(("max_inflight", scope, now + 1))
             if limits.budget is not None:
-                window, ends = budget_window(limits.budget.per, now, self._period_s)
-                usd = (f"{scope}|usd|{window}", ends)
+                usd = budget_counter(scope, limits.budget.per, now, self._period_s)
+                ends = usd[1]
                 checks.append((usd[0], limits.budget.usd))
                 what.append(("budget", scope, ends))
             adds.append((f"{scope}|requests|{minute}", 1, _MINUTE_TTL))
@@ -548,25 +562,16 @@ class Limiter:
         """For each rule with a budget, in order: the spend counted in its current window (what admission compares
         with the budget; None when the shared counters cannot be read) and when that window ends."""
         now = self._clock()
-        keys: list[str] = []
-        ends: list[float] = []
-        for scope, limits in rules:
-            if limits.budget is not None:
-                window, end = budget_window(limits.budget.per, now, self._period_s)
-                keys.append(f"{scope}|usd|{window}")
-                ends.append(end)
-        values: list[float | None]
-        if isinstance(self.counters, MemoryCounters):
-            values = [self.counters.values.get(key, 0.0) for key in keys]
-        elif isinstance(self.counters, RedisCounters) and keys:
+        windows = [
+            budget_counter(scope, limits.budget.per, now, self._period_s) for scope, limits in rules if limits.budget
+        ]
+        values: list[float | None] = [None] * len(windows)
+        if windows:
             try:
-                values = list(await self.counters.read(keys))
+                values = list(await self.counters.read([key for key, _ in windows]))
             except CountersError as exc:
                 self._store_error(exc)
-                values = [None] * len(keys)
-        else:
-            values = [None] * len(keys)
-        return list(zip(values, ends, strict=True))
+        return [(value, ends) for value, (_, ends) in zip(values, windows, strict=True)]
 
     @staticmethod
     def _headers(
@@ -750,7 +755,7 @@ async def seed_budgets(limiter: Limiter, settings: Settings, store: Any, now: fl
     now = time.time() if now is None else now
     spent: dict[str, tuple[float, float]] = {}
     for per in sorted(budget_periods(settings)):
-        window, ends = budget_window(per, now, limiter._period_s)
+        ends = budget_window(per, now, limiter._period_s)[1]
         start = budget_window_start(per, now, limiter._period_s)
         for column, prefix in (("key_name", "key"), ("team", "team")):
             query = UsageQuery(
@@ -762,6 +767,6 @@ async def seed_budgets(limiter: Limiter, settings: Settings, store: Any, now: fl
             for total in await store.totals(query):
                 name = total.dimensions.get(column, "")
                 if name and total.cost_usd:
-                    spent[f"{prefix}:{name}|usd|{window}"] = (total.cost_usd, ends)
+                    spent[budget_counter(f"{prefix}:{name}", per, now, limiter._period_s)[0]] = (total.cost_usd, ends)
     await limiter.seed(spent)
     return len(spent)

@@ -26,6 +26,8 @@ import re
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from gateway.settings import LongContextPrice, Price
 
 if TYPE_CHECKING:
@@ -102,23 +104,14 @@ def builtin_price(model: str) -> Price | None:
     return _scaled(price, REGIONAL_PREMIUM) if regional and premium else price
 
 
+_RATES = ("input", "output", "cache_read", "cache_creation")
+
+
 def _scaled(price: Price, factor: float) -> Price:
     tier = price.long_context
-    return Price(
-        input=price.input * factor,
-        output=price.output * factor,
-        cache_read=price.cache_read * factor,
-        cache_creation=price.cache_creation * factor,
-        long_context=None
-        if tier is None
-        else LongContextPrice(
-            above_input_tokens=tier.above_input_tokens,
-            input=tier.input * factor,
-            output=tier.output * factor,
-            cache_read=tier.cache_read * factor,
-            cache_creation=tier.cache_creation * factor,
-        ),
-    )
+    if tier is not None:
+        tier = msgspec.structs.replace(tier, **{rate: getattr(tier, rate) * factor for rate in _RATES})
+    return msgspec.structs.replace(price, long_context=tier, **{rate: getattr(price, rate) * factor for rate in _RATES})
 
 
 class Prices:
