@@ -38,20 +38,28 @@ __all__ = [
     "EntraSettings",
     "FoundryProvider",
     "LimitSettings",
+    "LoginSettings",
     "LongContextPrice",
+    "ManagedPolicy",
+    "ManagedSettings",
     "MetricsSettings",
     "MockProvider",
     "ModelRoute",
+    "OidcSettings",
+    "PolicyMatch",
     "Price",
     "ProviderConfig",
     "ReportSettings",
     "ResilienceSettings",
     "RetrySettings",
     "ServerSettings",
+    "SessionSettings",
     "Settings",
     "StoreSettings",
     "TargetConfig",
     "TeamSettings",
+    "TelemetrySettings",
+    "TelemetryTarget",
     "TimeoutSettings",
     "VertexProvider",
     "default_config_path",
@@ -288,11 +296,14 @@ class AdminSettings(_Strict, frozen=True, kw_only=True):
     token), and ``GET /v1/gateway/status`` shows everything only to one (a client key sees its own aliases)."""
 
     keys: list[str | ApiKey] = []
+    # admin keys that may only read (the spend limits, their audit, the reports): a write with one is a 403
+    read_keys: list[str | ApiKey] = []
 
     def __post_init__(self) -> None:
-        for position, entry in enumerate(self.keys, start=1):
-            if isinstance(entry, str) and not entry.strip():
-                raise ValueError(f"admin.keys entry {position} is empty or white space (an unset variable?)")
+        for field, entries in (("keys", self.keys), ("read_keys", self.read_keys)):
+            for position, entry in enumerate(entries, start=1):
+                if isinstance(entry, str) and not entry.strip():
+                    raise ValueError(f"admin.{field} entry {position} is empty or white space (an unset variable?)")
 
 
 class BetaOverride(_Strict, frozen=True, kw_only=True):
@@ -506,6 +517,100 @@ class MetricsSettings(_Strict, frozen=True, kw_only=True):
             raise ValueError("metrics.labels: each of key and team at most once")
 
 
+class OidcSettings(_Strict, frozen=True, kw_only=True):
+    """The organisation's OpenID Connect provider, for ``login`` (``gateway/governance/signin.py``): its
+    ``issuer`` (its discovery document is ``{issuer}/.well-known/openid-configuration``), this gateway's client
+    registration there (``client_id``, ``client_secret``; the redirect URI to register is
+    ``{login.public_url}/oauth/callback``), the ``scopes`` asked for, and the id-token claims that carry the user's
+    groups and email."""
+
+    issuer: Annotated[str, msgspec.Meta(min_length=1)]
+    client_id: Annotated[str, msgspec.Meta(min_length=1)]
+    client_secret: str | None = None  # None: a public client (PKCE only)
+    scopes: list[str] = msgspec.field(default_factory=lambda: ["openid", "email", "profile"])
+    groups_claim: str = "groups"
+    email_claim: str = "email"
+
+    def __post_init__(self) -> None:
+        if not self.issuer.startswith(("https://", "http://")):
+            raise ValueError("login.oidc.issuer: an http(s) URL")
+        if "openid" not in self.scopes:
+            raise ValueError("login.oidc.scopes: must include openid")
+
+
+class SessionSettings(_Strict, frozen=True, kw_only=True):
+    """A signed-in session: its bearer lives ``ttl_s`` (Claude Code refreshes it when less than 5 minutes are
+    left, so at least 10 minutes); the session itself ends ``max_age_s`` after sign-in (then ``/login`` again)."""
+
+    ttl_s: Annotated[float, msgspec.Meta(ge=600, le=86_400)] = 3600.0
+    max_age_s: Annotated[float, msgspec.Meta(ge=600)] = 30 * 86_400.0
+
+
+class LoginSettings(_Strict, frozen=True, kw_only=True):
+    """Claude Code's ``/login`` to this gateway (the Claude apps gateway protocol; ``docs/single-sign-on.md``):
+    device authorization, the verification page, the organisation's identity provider, the bearers it mints.
+    ``public_url``: the gateway's URL as developers' machines reach it (the device flow's links, the callback).
+    ``notice``: a line shown in the CLI while it waits (``login_notice``)."""
+
+    public_url: Annotated[str, msgspec.Meta(min_length=1)]
+    oidc: OidcSettings
+    session: SessionSettings = SessionSettings()
+    notice: str | None = None
+    device_code_ttl_s: Annotated[float, msgspec.Meta(ge=60, le=3600)] = 600.0
+    poll_interval_s: Annotated[int, msgspec.Meta(ge=1, le=60)] = 5
+    device_requests_per_minute: Annotated[int, msgspec.Meta(ge=1)] = 20  # per client IP
+
+    def __post_init__(self) -> None:
+        if not self.public_url.startswith(("https://", "http://")):
+            raise ValueError("login.public_url: an http(s) URL")
+        if self.public_url.endswith("/"):
+            raise ValueError("login.public_url: without a trailing /")
+
+
+class PolicyMatch(_Strict, frozen=True, kw_only=True):
+    """Who a managed policy is for: a user in any of ``groups`` (the IdP's groups); no groups: everyone."""
+
+    groups: list[str] = []
+
+
+class ManagedPolicy(_Strict, frozen=True, kw_only=True):
+    match: PolicyMatch = PolicyMatch()
+    settings: dict[str, Any] = {}  # Claude Code's managed-settings.json, as it is
+
+
+class ManagedSettings(_Strict, frozen=True, kw_only=True):
+    """Claude Code's managed settings per group (``GET /managed/settings``): the first policy whose ``match``
+    fits the signed-in user wins; none: 404. ``settings.availableModels`` also filters ``/v1/models`` and refuses
+    other models."""
+
+    policies: list[ManagedPolicy] = []
+
+
+class TelemetryTarget(_Strict, frozen=True, kw_only=True):
+    """A collector the CLI's OTLP/HTTP telemetry is relayed to: ``url`` is its base (``/v1/metrics`` etc. are
+    appended), ``headers`` its own (an API key), ``signals`` which of metrics, logs and traces it gets."""
+
+    url: Annotated[str, msgspec.Meta(min_length=1)]
+    headers: dict[str, str] = {}
+    signals: list[Literal["metrics", "logs", "traces"]] = msgspec.field(
+        default_factory=lambda: ["metrics", "logs", "traces"]
+    )
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("https://", "http://")):
+            raise ValueError("telemetry.forward_to.url: an http(s) URL")
+
+
+class TelemetrySettings(_Strict, frozen=True, kw_only=True):
+    """The CLI's telemetry (``POST /v1/metrics|logs|traces``): answered at once and relayed, off the request
+    path, to each of ``forward_to`` through a queue of at most ``max_queue`` bodies (more are dropped and
+    counted)."""
+
+    forward_to: list[TelemetryTarget] = []
+    max_queue: Annotated[int, msgspec.Meta(ge=1)] = 1000
+    timeout_s: PositiveFloat = 10.0
+
+
 class Settings(_Strict, frozen=True, kw_only=True):
     server: ServerSettings = ServerSettings()
     auth: AuthSettings = AuthSettings()
@@ -523,6 +628,9 @@ class Settings(_Strict, frozen=True, kw_only=True):
     reports: ReportSettings = ReportSettings()
     limits: DefaultLimits | None = None  # the default limits of every key (a key's own replace them)
     teams: dict[str, TeamSettings] = {}
+    login: LoginSettings | None = None  # Claude Code's /login: single sign-on (off when absent)
+    managed: ManagedSettings = ManagedSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
 
     def __post_init__(self) -> None:
         budgets = [self.limits, *(t.limits for t in self.teams.values())]
@@ -547,7 +655,14 @@ class Settings(_Strict, frozen=True, kw_only=True):
                 "list the teams, or say auth.jwt.unknown_team: allow - at `$.auth.jwt.team_claim`"
             )
         issuable = bool(self.admin.keys) and self.store.enabled  # keys issued at run time
-        if not self.auth.keys and not self.auth.open and self.auth.jwt is None and not issuable:
+        if self.login is not None and not self.store.enabled:
+            raise ValueError(
+                "login needs the store (device codes and sessions live there, shared by every replica): "
+                "remove store.enabled: false - at `$.login`"
+            )
+        if self.login is not None and self.auth.open:
+            raise ValueError("login with auth.open: true: a signed-in bearer would mean nothing - at `$.login`")
+        if not self.auth.keys and not self.auth.open and self.auth.jwt is None and not issuable and not self.login:
             raise ValueError(
                 "no auth.keys: list the keys clients must send, issue them at run time (admin.keys and the store), "
                 "accept the identity provider's tokens (auth.jwt), or say `auth: {open: true}` to serve without one"

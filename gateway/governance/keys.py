@@ -52,6 +52,11 @@ class ClientKey:
     limits: LimitSettings | None = field(default=None, compare=False)
     expires: float | None = field(default=None, compare=False)  # epoch seconds (a key issued with an expiry)
     id: str = ""  # "": the name
+    # a signed-in principal (Claude Code's /login, gateway.governance.signin): its session's id and the IdP's
+    # groups; "" and () for every key
+    session: str = ""
+    groups: tuple[str, ...] = field(default=(), compare=False)
+    email: str = ""
 
     def __post_init__(self) -> None:
         if not self.digest:

@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote, urlsplit
 
 import msgspec
@@ -53,6 +53,9 @@ __all__ = [
     "LedgerRow",
     "MemoryStore",
     "PostgresStore",
+    "SqlResult",
+    "SqlStep",
+    "SqlStore",
     "SqliteStore",
     "Store",
     "StoreError",
@@ -209,6 +212,33 @@ class Store(Protocol):
     async def aclose(self) -> None: ...
 
 
+class SqlStore(Store, Protocol):
+    """A store that runs SQL (SQLite and PostgreSQL): the other concerns that keep their state in it — sign-in
+    (``gateway.governance.signin_store``), spend limits — write their own statements, with ``?`` placeholders
+    (made ``$1``… for PostgreSQL), through ``sql``."""
+
+    async def sql(self, steps: Sequence[SqlStep], *, read_only: bool = False) -> list[SqlResult]: ...
+
+
+class SqlStep(NamedTuple):
+    """One statement and its parameters; ``fetch``: read its rows (a SELECT, or a statement with RETURNING)."""
+
+    statement: str
+    params: Sequence[Any] = ()
+    fetch: bool = False
+
+
+class SqlResult(NamedTuple):
+    rowcount: int
+    rows: list[tuple[Any, ...]]
+
+
+def _dollar_marks(statement: str) -> str:
+    """``?`` placeholders as PostgreSQL's ``$1``, ``$2``… (the statements given hold no ``?`` in literals)."""
+    parts = statement.split("?")
+    return "".join(part + (f"${i}" if i < len(parts) else "") for i, part in enumerate(parts, start=1))
+
+
 def _sorted(totals: Iterable[Totals], group_by: Sequence[str]) -> list[Totals]:
     return sorted(totals, key=lambda t: (t.bucket, *(t.dimensions[d] for d in group_by)))
 
@@ -290,7 +320,7 @@ class MemoryStore:
         return None
 
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _TABLE = """CREATE TABLE requests (
     id {serial} PRIMARY KEY,
@@ -361,6 +391,68 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         f"INSERT INTO api_keys_4 (id, {_OLD_KEY_COLUMNS}) SELECT name, {_OLD_KEY_COLUMNS} FROM api_keys",
         "DROP TABLE api_keys",
         "ALTER TABLE api_keys_4 RENAME TO api_keys",
+    ),
+    # version 5: Claude Code's /login (issue 34): device codes, sessions, the bearers' signing secret, spend limits
+    # set at run time, and the admin changes' audit; each concern's statements are in its own module
+    5: (
+        """CREATE TABLE login_devices (
+            device_sha256 TEXT PRIMARY KEY,
+            user_code TEXT NOT NULL UNIQUE,
+            surface TEXT NOT NULL,
+            client_ip TEXT NOT NULL,
+            created_ms BIGINT NOT NULL,
+            expires_ms BIGINT NOT NULL,
+            interval_s INTEGER NOT NULL,
+            polled_ms BIGINT NOT NULL,
+            status TEXT NOT NULL,
+            state TEXT UNIQUE,
+            nonce TEXT,
+            code_verifier TEXT,
+            browser_sha256 TEXT,
+            principal TEXT
+        )""",
+        "CREATE INDEX login_devices_expires ON login_devices (expires_ms)",
+        """CREATE TABLE login_sessions (
+            id TEXT PRIMARY KEY,
+            subject TEXT NOT NULL,
+            email TEXT NOT NULL,
+            name TEXT NOT NULL,
+            groups_json TEXT NOT NULL,
+            surface TEXT NOT NULL,
+            created_ms BIGINT NOT NULL,
+            refreshed_ms BIGINT NOT NULL,
+            ends_ms BIGINT NOT NULL,
+            bearer_expires_ms BIGINT NOT NULL,
+            refresh_sha256 TEXT NOT NULL UNIQUE,
+            idp_refresh_token TEXT,
+            revoked_ms BIGINT,
+            revoked_why TEXT
+        )""",
+        "CREATE TABLE login_version (version BIGINT NOT NULL)",
+        "INSERT INTO login_version (version) VALUES (0)",
+        "CREATE TABLE login_secret (id INTEGER PRIMARY KEY, secret TEXT NOT NULL)",
+        """CREATE TABLE spend_limits (
+            id TEXT PRIMARY KEY,
+            scope_type TEXT NOT NULL,
+            scope_id TEXT NOT NULL,
+            period TEXT NOT NULL,
+            amount_cents BIGINT NOT NULL,
+            pooled TEXT,
+            created_ms BIGINT NOT NULL,
+            updated_ms BIGINT NOT NULL,
+            UNIQUE (scope_type, scope_id, period)
+        )""",
+        "CREATE TABLE spend_limits_version (version BIGINT NOT NULL)",
+        "INSERT INTO spend_limits_version (version) VALUES (0)",
+        """CREATE TABLE admin_audit (
+            id TEXT PRIMARY KEY,
+            at_ms BIGINT NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            target TEXT NOT NULL,
+            detail TEXT NOT NULL
+        )""",
+        "CREATE INDEX admin_audit_at ON admin_audit (at_ms)",
     ),
 }
 
@@ -597,6 +689,34 @@ class SqliteStore:
         record = await self._poll(lambda db: db.execute("SELECT version FROM api_keys_version").fetchone())
         return int(record[0])
 
+    async def sql(self, steps: Sequence[SqlStep], *, read_only: bool = False) -> list[SqlResult]:
+        """``steps`` in one transaction: on the writes' connection, or (``read_only``) on the poll's, given up
+        after ``KEYS_TIMEOUT_S`` as the keys' poll is."""
+
+        def run(db: sqlite3.Connection) -> list[SqlResult]:
+            out = []
+            for step in steps:
+                cursor = db.execute(step.statement, tuple(step.params))
+                rows = cursor.fetchall() if step.fetch else []
+                out.append(SqlResult(cursor.rowcount, rows))
+            return out
+
+        def work(db: sqlite3.Connection) -> list[SqlResult]:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                out = run(db)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return out
+
+        if read_only:
+            result: list[SqlResult] = await self._poll(run)
+            return result
+        result = await self._write(work)
+        return result
+
     async def aclose(self) -> None:
         def close() -> None:
             with self._keys_lock:
@@ -731,6 +851,30 @@ class PostgresStore:
             lambda conn: conn.fetchval("SELECT version FROM api_keys_version"), self._keys, KEYS_TIMEOUT_S
         )
         return int(version)
+
+    async def sql(self, steps: Sequence[SqlStep], *, read_only: bool = False) -> list[SqlResult]:
+        """``steps`` in one transaction: on the writes' pool, or (``read_only``) on the poll's connection, given up
+        after ``KEYS_TIMEOUT_S``."""
+
+        async def work(conn: Any) -> list[SqlResult]:
+            out = []
+            async with conn.transaction():
+                for step in steps:
+                    statement = _dollar_marks(step.statement)
+                    if step.fetch:
+                        rows = [tuple(r) for r in await conn.fetch(statement, *step.params)]
+                        out.append(SqlResult(len(rows), rows))
+                    else:
+                        status = await conn.execute(statement, *step.params)
+                        count = str(status).rsplit(" ", 1)[-1]
+                        out.append(SqlResult(int(count) if count.isdigit() else 0, []))
+            return out
+
+        if read_only:
+            result: list[SqlResult] = await self._run(work, self._keys, KEYS_TIMEOUT_S)
+            return result
+        result = await self._run(work)
+        return result
 
     async def aclose(self) -> None:
         pools = [p for p in (self._keys, self._reads, self._pool) if p is not None]
