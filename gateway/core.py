@@ -9,7 +9,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters import Adapter
 from gateway.context import DRAIN_CANCEL, RequestContext
@@ -18,7 +18,9 @@ from gateway.governance.identity import Identity, IssuedKeys
 from gateway.governance.keys import ClientKey
 from gateway.governance.ledger import Ledger
 from gateway.governance.limits import Counters, Limiter, RedisCounters, budget_periods, seed_budgets
-from gateway.governance.store import open_store
+from gateway.governance.sessions import Sessions
+from gateway.governance.signin_store import SigninStore, signin_store
+from gateway.governance.store import StoreError, open_store
 from gateway.observability.metrics import Metrics
 from gateway.observability.recording import Recorder
 from gateway.observability.tracing import request_tracer
@@ -28,6 +30,9 @@ from gateway.routing.table import RouteTable
 from gateway.runtime import Runtime, build_runtime
 from gateway.settings import ConfigError, Settings, StoreSettings, load_settings
 from gateway.wire.upstream import HttpClient
+
+if TYPE_CHECKING:
+    from gateway.governance.signin import SignIn
 
 __all__ = ["BreakerCollector", "Gateway"]
 
@@ -104,8 +109,33 @@ class Gateway:
         issued = IssuedKeys(self.ledger.ready) if self.ledger is not None else None
         if issued is not None:
             issued.use_teams(settings.teams)
-        self.identity = Identity(issued)
+        # Claude Code's /login: its state in the same store; the bearers checked by `identity`
+        self._signin_store: SigninStore | None = None
+        sessions = Sessions(self.signin_store) if self.ledger is not None else None
+        self.identity = Identity(issued, sessions)
+        self._signin: SignIn | None = None  # built on first use
         self._keys_task: asyncio.Task[None] | None = None
+        self._sessions_task: asyncio.Task[None] | None = None
+
+    async def signin_store(self) -> SigninStore:
+        """Sign-in's state, beside the ledger (``StoreError`` when the store is off or cannot be opened)."""
+        if self._signin_store is None:
+            if self.ledger is None:
+                raise StoreError("the store is off (store.enabled: false)")
+            self._signin_store = signin_store(await self.ledger.ready())
+        return self._signin_store
+
+    @property
+    def signin(self) -> SignIn | None:
+        """The device flow of the running ``login`` config (None: sign-in is off), rebuilt when a reload changes it."""
+        login = self.runtime.settings.login
+        if login is None or self.ledger is None:
+            return None
+        if self._signin is None or self._signin.settings != login:
+            from gateway.governance.signin import SignIn  # Authlib and PyJWT only where sign-in is on
+
+            self._signin = SignIn(login, self.signin_store)
+        return self._signin
 
     # the current runtime's parts, for the routes that read one of them once (a request that reads several
     # takes `runtime` itself)
@@ -243,6 +273,8 @@ class Gateway:
             self._ledger_task = loop.create_task(self.ledger.run())
         if self.identity.issued is not None and self._keys_task is None:
             self._keys_task = loop.create_task(self.identity.issued.run())
+        if self.identity.sessions is not None and self.settings.login is not None and self._sessions_task is None:
+            self._sessions_task = loop.create_task(self.identity.sessions.run())
         limiter = self.limiter
         if self.ledger is not None and limiter.seeding is None and budget_periods(self.settings):
             limiter.seeding = loop.create_task(self._seed_budgets())  # a restart hands out no new budget (issue 33)
@@ -270,7 +302,7 @@ class Gateway:
 
     async def aclose(self) -> None:
         seeding = self.limiter.seeding if isinstance(self.limiter.seeding, asyncio.Task) else None
-        for background in (self._keys_task, self._ledger_task, seeding, self._reseed_task):
+        for background in (self._keys_task, self._sessions_task, self._ledger_task, seeding, self._reseed_task):
             if background is not None:
                 background.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -41,6 +41,11 @@ from gateway.wire.errors import AuthenticationError, InvalidRequest, StoreUnavai
 
 if TYPE_CHECKING:
     from gateway.governance.jwt_auth import JwtVerifier
+    from gateway.governance.sessions import Sessions
+
+# the header every bearer of Claude Code's /login begins with (gateway.governance.sessions.SESSION_PREFIX, which
+# tests/unit/test_signin.py holds equal): known here without importing PyJWT on a gateway that never signs anyone in
+SESSION_PREFIX = "eyJhbGciOiJIUzI1NiIsImtpZCI6Im1ndy1zZXNzaW9uIiwidHlwIjoiSldUIn0."
 
 
 def looks_like_jwt(token: str) -> bool:
@@ -55,7 +60,7 @@ class Snapshot(Protocol):
     key_index: dict[bytes, ClientKey]
 
 
-__all__ = ["ID_PREFIX", "KEY_PREFIX", "POLL_S", "Identity", "IssuedKeys", "KeyRequest", "new_key_id"]
+__all__ = ["ID_PREFIX", "KEY_PREFIX", "POLL_S", "SESSION_PREFIX", "Identity", "IssuedKeys", "KeyRequest", "new_key_id"]
 
 log = logging.getLogger("gateway")
 
@@ -266,8 +271,9 @@ class Identity:
     """The process's authentication: the runtime's config keys, the issued keys (None: the store is off) and
     the JWT verifier of the running ``auth.jwt`` (rebuilt when a reload changes it)."""
 
-    def __init__(self, issued: IssuedKeys | None) -> None:
+    def __init__(self, issued: IssuedKeys | None, sessions: Sessions | None = None) -> None:
         self.issued = issued
+        self.sessions = sessions  # the bearers of Claude Code's /login (None: the store is off)
         self._verifier: JwtVerifier | None = None
 
     def verifier(self, settings: JwtSettings) -> JwtVerifier:
@@ -289,6 +295,11 @@ class Identity:
         if settings.auth.open:
             return key_headers(headers), None
         sent, candidates = key_candidates(headers)
+        sessions = self.sessions
+        if sessions is not None and settings.login is not None:
+            for candidate in candidates:
+                if candidate.startswith(SESSION_PREFIX):
+                    return sent, await sessions.principal(candidate, settings)
         jwt = settings.auth.jwt
         if jwt is not None:
             for candidate in candidates:

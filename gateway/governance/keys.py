@@ -11,7 +11,7 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
 from gateway.settings import ApiKey, LimitSettings, TeamSettings
-from gateway.wire.errors import AuthenticationError, PermissionDenied
+from gateway.wire.errors import AuthenticationError, InvalidRequest, PermissionDenied
 
 if TYPE_CHECKING:
     from gateway.routing.table import Route
@@ -22,6 +22,7 @@ __all__ = [
     "authorize",
     "build_keys",
     "digest_of",
+    "in_policy",
     "is_admin",
     "key_candidates",
     "key_headers",
@@ -57,6 +58,9 @@ class ClientKey:
     session: str = ""
     groups: tuple[str, ...] = field(default=(), compare=False)
     email: str = ""
+    # a managed policy's `availableModels` (Claude Code's names: a model id, a glob, or a family: opus, sonnet,
+    # haiku); None: no such list. A model outside it is a 400 naming it.
+    policy_models: tuple[str, ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.digest:
@@ -158,6 +162,21 @@ def _client_model(route: Route, model: str) -> str | None:
     return model if all(target.model is None for target in route.targets) else None
 
 
+def in_policy(key: ClientKey, route: Route, model: str) -> bool:
+    """Whether a managed policy's ``availableModels`` admits ``model`` (the client's name) or the route's alias:
+    an entry equal to it or a glob matching it, or a family name (``opus``, ``sonnet``, ``haiku``, as Claude Code's
+    model picker names them) that the name contains as a word (``claude-sonnet-4-6``)."""
+    allowed = key.policy_models
+    if allowed is None:
+        return True
+    for name in (model, route.alias):
+        words = name.lower().replace("@", "-").replace(".", "-").split("-")
+        for entry in allowed:
+            if fnmatchcase(name, entry) or entry.lower() in words:
+                return True
+    return False
+
+
 def may_use(key: ClientKey | None, route: Route, model: str) -> bool:
     """Whether ``key`` may use ``route``, which ``model`` (the client's name) resolved to.
 
@@ -166,11 +185,22 @@ def may_use(key: ClientKey | None, route: Route, model: str) -> bool:
     provider receives (every target of the route has no ``model`` of its own). So ``claude-haiku-*`` admits
     ``claude-haiku-4-5`` through a forwarding ``claude-*`` route, but a route that always sends one fixed
     model is granted by its alias alone."""
-    return key is None or key.allows(route.alias, _client_model(route, model))
+    if key is None:
+        return True
+    return key.allows(route.alias, _client_model(route, model)) and (
+        key.policy_models is None or in_policy(key, route, model)
+    )
 
 
 def authorize(key: ClientKey | None, route: Route, model: str) -> None:
-    """``PermissionDenied`` (403 ``permission_error``) unless ``may_use(key, route, model)``."""
-    if not may_use(key, route, model):
-        assert key is not None
+    """``PermissionDenied`` (403 ``permission_error``) unless the key's models admit the route; for a signed-in
+    user outside the managed policy's ``availableModels``, ``InvalidRequest`` (400, naming the model: Claude
+    Code shows it and the user picks another)."""
+    if key is None:
+        return
+    if not key.allows(route.alias, _client_model(route, model)):
         raise PermissionDenied(f"API key {key.name!r} may not use model {model!r}")
+    if key.policy_models is not None and not in_policy(key, route, model):
+        raise InvalidRequest(
+            f"model {model!r} is not available to you: your organization allows {', '.join(key.policy_models)}"
+        )

@@ -19,6 +19,7 @@ from litestar import Litestar
 import surfaces
 from gateway.core import Gateway
 from gateway.http.keys_api import KEY_HANDLERS
+from gateway.http.login import LOGIN_HANDLERS
 from gateway.http.messages import messages_endpoint, method_not_allowed, send_error
 from gateway.http.pages import PAGE_HANDLERS
 from gateway.http.reports import REPORT_HANDLERS
@@ -209,7 +210,14 @@ def create_app(
 
     return GatewayApp(
         Litestar(
-            route_handlers=[*HANDLERS, *STATUS_HANDLERS, *PAGE_HANDLERS, *REPORT_HANDLERS, *KEY_HANDLERS],
+            route_handlers=[
+                *HANDLERS,
+                *STATUS_HANDLERS,
+                *PAGE_HANDLERS,
+                *REPORT_HANDLERS,
+                *KEY_HANDLERS,
+                *LOGIN_HANDLERS,
+            ],
             lifespan=[lifespan],
             exception_handlers=exception_handlers,
             request_max_body_size=None,
