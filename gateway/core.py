@@ -129,12 +129,13 @@ class Gateway:
     def signin(self) -> SignIn | None:
         """The device flow of the running ``login`` config (None: sign-in is off), rebuilt when a reload changes it."""
         login = self.runtime.settings.login
-        if login is None or self.ledger is None:
+        sessions = self.identity.sessions
+        if login is None or sessions is None:
             return None
         if self._signin is None or self._signin.settings != login:
             from gateway.governance.signin import SignIn  # Authlib and PyJWT only where sign-in is on
 
-            self._signin = SignIn(login, self.signin_store)
+            self._signin = SignIn(login, self.signin_store, sessions)
         return self._signin
 
     # the current runtime's parts, for the routes that read one of them once (a request that reads several

@@ -48,9 +48,10 @@ def run_gateway(
     upstream_client: str | None = None,
     resilience: Resilience | None = None,
     http: str = PROTOCOL,
+    port: int = 0,
 ) -> Iterator[RunningGateway]:
     """Serve the gateway for `settings` (a Settings or YAML text) in a background thread (``http``: uvicorn's
-    protocol; the gateway's own by default)."""
+    protocol; the gateway's own by default), on ``port`` (0: a free one)."""
     if isinstance(settings, str):
         settings = parse_settings(settings, environ={})
     metrics = Metrics()
@@ -61,7 +62,7 @@ def run_gateway(
     # Accepted connections inherit it: without it a keep-alive client here waits ~40 ms per request on a
     # delayed ACK (the served CLI runs uvloop, which sets it itself).
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, loop="asyncio", http=http, lifespan="on", log_level="warning", access_log=False)
     server = uvicorn.Server(config)

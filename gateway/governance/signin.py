@@ -76,11 +76,13 @@ class SignIn:
         self,
         settings: LoginSettings,
         store: Callable[[], Awaitable[SigninStore]],
+        sessions: Sessions,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self._store = store
+        self.sessions = sessions
         self._clock = clock
         self.oidc = OidcClient(settings.oidc, settings.public_url + "/oauth/callback")
         self._asked: dict[str, collections.deque[float]] = {}  # client address -> its recent device requests
@@ -317,7 +319,7 @@ class SignIn:
             try:
                 user = await self.oidc.refresh(session.idp_refresh_token, user)
             except IdpRefused as exc:
-                await store.revoke(session.id, "idp_refused", now)
+                await self.sessions.revoke(session.id, "idp_refused", by=None, oidc=None)
                 audit("session.refresh", outcome="fail", subject=session.subject, reason=str(exc))
                 raise OAuthError(401, "invalid_grant", "your identity provider ended this session; run /login") from exc
             except IdpDown as exc:
@@ -351,7 +353,7 @@ class SignIn:
         )
         return await self._answer(store, fresh, new_refresh, now)
 
-    async def revoke_token(self, token: str, sessions: Sessions) -> None:
+    async def revoke_token(self, token: str) -> None:
         """RFC 7009: the session a refresh token or a bearer of ours belongs to is revoked; anything else is
         ignored (the endpoint answers 200 either way)."""
         store = await self.store()
@@ -370,4 +372,4 @@ class SignIn:
                 )
                 session_id = str(claims.get("sid", "")) or None
         if session_id is not None:
-            await sessions.revoke(session_id, "signed_out", by=None, oidc=self.oidc)
+            await self.sessions.revoke(session_id, "signed_out", by=None, oidc=self.oidc)

@@ -178,11 +178,10 @@ async def revoke(request: Request[Any, Any, Any]) -> Response[bytes]:
     from gateway.governance.signin import OAuthError
 
     try:
-        gw, signin = _signin(request)
+        _, signin = _signin(request)
         form = await _form(request)
-        sessions = gw.identity.sessions
-        if form.get("token") and sessions is not None:
-            await signin.revoke_token(form["token"], sessions)
+        if form.get("token"):
+            await signin.revoke_token(form["token"])
     except OAuthError as exc:
         return _oauth_error(exc)
     except StoreError as exc:

@@ -26,10 +26,10 @@ class Served:
 def serve(tmp_path: Path) -> Iterator[object]:
     started: list[Served] = []
 
-    def start(config: Path, *extra: str) -> Served:
-        port = free_port()
+    def start(config: Path, *extra: str, port: int | None = None, env: dict[str, str] | None = None) -> Served:
+        port = port or free_port()
         log = tmp_path / f"gateway-{port}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--port", str(port), *extra],
             stdout=log.open("wb"),
