@@ -21,7 +21,8 @@ from gateway.governance.limits import Counters, Limiter, RedisCounters, budget_p
 from gateway.governance.sessions import Sessions
 from gateway.governance.signin_store import SigninStore, signin_store
 from gateway.governance.store import StoreError, open_store
-from gateway.observability.metrics import Metrics
+from gateway.observability.metrics import Metrics, TelemetryMetrics
+from gateway.observability.otlp_relay import OtlpRelay
 from gateway.observability.recording import Recorder
 from gateway.observability.tracing import request_tracer
 from gateway.observability.usage import Outcome
@@ -116,6 +117,8 @@ class Gateway:
         self._signin: SignIn | None = None  # built on first use
         self._keys_task: asyncio.Task[None] | None = None
         self._sessions_task: asyncio.Task[None] | None = None
+        # Claude Code's telemetry (POST /v1/metrics|logs|traces), relayed to the collectors off the request path
+        self.relay = OtlpRelay(settings.telemetry, TelemetryMetrics(metrics.registry))
 
     async def signin_store(self) -> SigninStore:
         """Sign-in's state, beside the ledger (``StoreError`` when the store is off or cannot be opened)."""
@@ -196,6 +199,11 @@ class Gateway:
         if self.identity.issued is not None:
             self.identity.issued.use_teams(settings.teams)
         self.runtime = runtime  # one assignment: a request sees the old runtime or the new one, never a mix
+        self.relay.use_settings(settings.telemetry)
+        sessions = self.identity.sessions
+        if sessions is not None and settings.login is not None and self._sessions_task is None:
+            with contextlib.suppress(RuntimeError):  # sign-in turned on by a reload: its revocations polled too
+                self._sessions_task = asyncio.get_running_loop().create_task(sessions.run())
         self._retired.add(old)
         old.retire(on_closed=self._retired.discard)  # closed, and forgotten, when its last request ends
         self.reloads += 1
@@ -276,6 +284,7 @@ class Gateway:
             self._keys_task = loop.create_task(self.identity.issued.run())
         if self.identity.sessions is not None and self.settings.login is not None and self._sessions_task is None:
             self._sessions_task = loop.create_task(self.identity.sessions.run())
+        self.relay.start()
         limiter = self.limiter
         if self.ledger is not None and limiter.seeding is None and budget_periods(self.settings):
             limiter.seeding = loop.create_task(self._seed_budgets())  # a restart hands out no new budget (issue 33)
@@ -308,6 +317,7 @@ class Gateway:
                 background.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await background
+        await self.relay.aclose(within=5.0)
         if self.ledger is not None:  # what is queued is written before the process goes
             await self.ledger.aclose(within=max(5.0, self.settings.server.drain_timeout_s))
         await self.limiter.aclose()

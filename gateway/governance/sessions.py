@@ -9,8 +9,8 @@ admin API, the IdP refusing its refresh) is refused by every replica within ``PO
 revoking one at once. PyJWT is imported when the first bearer is seen, so a gateway without sign-in never loads it.
 
 The principal: a ``ClientKey`` named ``sso:<email>`` (id ``sso:<subject>``: its limits' scope and its ledger
-rows), whose user is the email (else the subject), whose team is the first configured team among the IdP's
-groups (its models and limits apply), and whose ``policy_models`` are the matching managed policy's
+rows), whose user is the email (else the subject), whose team is the first team of the config (in its order) among
+the IdP's groups (its models and limits apply), and whose ``policy_models`` are the matching managed policy's
 ``availableModels``.
 """
 
@@ -64,8 +64,8 @@ def policy_for(settings: Settings, groups: tuple[str, ...] | list[str]) -> tuple
 
 
 def _team_of(groups: list[str], teams: Mapping[str, TeamSettings]) -> str:
-    """The first configured team among the user's groups, in the groups' order."""
-    return next((g for g in groups if g in teams), "")
+    """The first team of the config (in its order: the operator's priority) that is among the user's groups."""
+    return next((team for team in teams if team in groups), "")
 
 
 @dataclass(slots=True)

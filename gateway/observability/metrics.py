@@ -11,7 +11,7 @@ from gateway.governance.pricing import Prices
 from gateway.settings import Price
 from gateway.wire.events import Usage
 
-__all__ = ["CONTENT_TYPE", "TOKEN_TYPES", "Metrics", "multiprocess_dir"]
+__all__ = ["CONTENT_TYPE", "TOKEN_TYPES", "Metrics", "TelemetryMetrics", "multiprocess_dir"]
 
 # The ``type`` label of gateway_tokens_total, in the order _Children holds them.
 TOKEN_TYPES = ("input", "output", "cache_read", "cache_creation")
@@ -243,3 +243,77 @@ class _Children:
         )
         self.duration = metrics.duration.labels(alias, provider)
         self.ttft = metrics.ttft.labels(alias, provider)
+
+
+class TelemetryMetrics:
+    """The CLI's telemetry relayed to the collectors (``gateway.observability.otlp_relay``) and Claude Code's own
+    ``claude_code.*`` metrics read from it, per signed-in user and team, in an app's registry. One per registry (made
+    beside the relay, which is process-wide like the ledger): a second in the same registry is refused by it."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.bodies = Counter(
+            "gateway_telemetry_bodies",
+            "OTLP bodies (POST /v1/metrics|logs|traces) by signal and what became of them: forwarded (the collector "
+            "answered 2xx) and failed (a connect error, a timeout or another status) count a body once per collector "
+            "it was for; dropped counts a body the full queue refused, or one still queued at shutdown, once per "
+            "collector too.",
+            ["signal", "outcome"],
+            registry=r,
+        )
+        self.queue = Gauge(
+            "gateway_telemetry_queue_bodies",
+            "OTLP bodies waiting to be relayed to a collector or read for Claude Code's metrics.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.metrics_read = Counter(
+            "gateway_telemetry_metrics_read",
+            "OTLP metrics bodies read for Claude Code's own metrics, by result: read, undecodable (not OTLP protobuf "
+            "or JSON, or a broken gzip: relayed all the same), dropped (the reader's queue was full).",
+            ["result"],
+            registry=r,
+        )
+        self.lines = Counter(
+            "gateway_claude_code_lines",
+            "Lines of code Claude Code added or removed (claude_code.lines_of_code.count), by signed-in user.",
+            ["user", "team", "type"],
+            registry=r,
+        )
+        self.sessions = Counter(
+            "gateway_claude_code_sessions",
+            "Claude Code sessions started (claude_code.session.count), by signed-in user.",
+            ["user", "team"],
+            registry=r,
+        )
+        self.commits = Counter(
+            "gateway_claude_code_commits",
+            "Git commits Claude Code made (claude_code.commit.count), by signed-in user.",
+            ["user", "team"],
+            registry=r,
+        )
+        self.pull_requests = Counter(
+            "gateway_claude_code_pull_requests",
+            "Pull requests Claude Code opened (claude_code.pull_request.count), by signed-in user.",
+            ["user", "team"],
+            registry=r,
+        )
+        self.cost = Counter(
+            "gateway_claude_code_cost_usd",
+            "Cost Claude Code estimated for its sessions, in US dollars (claude_code.cost.usage), by signed-in user.",
+            ["user", "team"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "gateway_claude_code_tokens",
+            "Tokens Claude Code counted (claude_code.token.usage), by signed-in user and type (input, output, "
+            "cacheRead, cacheCreation).",
+            ["user", "team", "type"],
+            registry=r,
+        )
+        self.active = Counter(
+            "gateway_claude_code_active_seconds",
+            "Time Claude Code was in active use, in seconds (claude_code.active_time.total), by signed-in user.",
+            ["user", "team"],
+            registry=r,
+        )

@@ -37,7 +37,9 @@ def idp() -> Iterator[FakeOidcIssuer]:
 
 def config(idp: FakeOidcIssuer, port: int, store_url: str, **extra: str) -> str:
     idp.register_redirect(f"http://127.0.0.1:{port}/oauth/callback")
-    return f"""
+    return (
+        extra.get("head", "")
+        + f"""
 providers:
   demo: {{kind: mock}}
 models:
@@ -60,6 +62,7 @@ managed:
     - match: {{groups: [interns]}}
       settings: {{}}
 """
+    )
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -316,3 +319,77 @@ def test_two_replicas_share_the_flow_and_a_revocation_reaches_the_other_within_t
         assert time.monotonic() - start < 2.0, "the other replica still accepts a revoked session's bearer"
         time.sleep(0.05)
     assert httpx.delete(f"{one.url}/v1/gateway/sessions/ses_nope", headers=ADMIN).status_code == 404
+
+
+class Collector:
+    """An OTLP/HTTP collector on 127.0.0.1 that keeps what it is sent (path, headers, body)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.received: list[tuple[str, dict[str, str], bytes]] = []
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                collector.received.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def test_telemetry_is_answered_at_once_relayed_unchanged_and_announced_in_the_policy(
+    idp: FakeOidcIssuer, tmp_path: Path
+) -> None:
+    collector = Collector()
+    try:
+        head = f"""
+telemetry:
+  forward_to:
+    - url: {collector.url}
+      headers: {{x-collector-key: c-123}}
+      signals: [metrics, logs]
+"""
+        port = free_port()
+        with run_gateway(config(idp, port, f"sqlite:///{tmp_path}/ledger.db", head=head), port=port) as gw:
+            token = sign_in(gw.url)
+            bearer = {"authorization": f"Bearer {token['access_token']}"}
+            env = httpx.get(f"{gw.url}/managed/settings", headers=bearer).json()["settings"]["env"]
+            assert env["FROM_GATEWAY"] == "1" and env["CLAUDE_CODE_ENABLE_TELEMETRY"] == "1"
+            assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == gw.url
+            assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
+            assert (env["OTEL_METRICS_EXPORTER"], env["OTEL_LOGS_EXPORTER"], env["OTEL_TRACES_EXPORTER"]) == (
+                "otlp",
+                "otlp",
+                "none",
+            )
+            body = bytes(range(256)) * 4  # opaque to the relay: forwarded as it is
+            protobuf = {**bearer, "content-type": "application/x-protobuf"}
+            for signal in ("metrics", "logs", "traces"):
+                answer = httpx.post(f"{gw.url}/v1/{signal}", content=body, headers=protobuf)
+                assert answer.status_code == 200 and answer.content == b""
+            assert httpx.post(f"{gw.url}/v1/metrics", content=body).status_code == 401
+            deadline = time.monotonic() + 10
+            while len(collector.received) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.2)
+            paths = sorted(path for path, _, _ in collector.received)
+            assert paths == ["/v1/logs", "/v1/metrics"]  # the traces were not asked for
+            for _, headers, received in collector.received:
+                assert received == body and headers["x-collector-key"] == "c-123"
+                assert "authorization" not in headers and headers["content-type"] == "application/x-protobuf"
+    finally:
+        collector.close()
