@@ -393,3 +393,81 @@ telemetry:
                 assert "authorization" not in headers and headers["content-type"] == "application/x-protobuf"
     finally:
         collector.close()
+
+
+def test_the_bearer_works_on_the_bedrock_and_vertex_shaped_routes_and_a_reload_changes_the_policy(
+    idp: FakeOidcIssuer, tmp_path: Path, serve: Any
+) -> None:
+    port = free_port()
+    path = tmp_path / "gateway.yaml"
+    text = config(idp, port, f"sqlite:///{tmp_path}/ledger.db")
+    path.write_text(text)
+    served = serve(path, port=port)
+    bearer = {"authorization": f"Bearer {sign_in(served.url)['access_token']}"}
+    bedrock = httpx.post(
+        f"{served.url}/model/claude-sonnet-4-6/invoke",
+        json={**MSG, "anthropic_version": "bedrock-2023-05-31"},
+        headers=bearer,
+    )
+    assert bedrock.status_code == 200, bedrock.text
+    vertex = httpx.post(
+        f"{served.url}/v1/projects/p/locations/global/publishers/anthropic/models/claude-sonnet-4-6:rawPredict",
+        json={**MSG, "anthropic_version": "vertex-2023-10-16"},
+        headers=bearer,
+    )
+    assert vertex.status_code == 200, vertex.text
+    opus = httpx.post(
+        f"{served.url}/model/claude-opus-4-7/invoke",
+        json={**MSG, "anthropic_version": "bedrock-2023-05-31"},
+        headers=bearer,
+    )
+    assert opus.status_code == 400 and "claude-opus-4-7" in opus.text  # availableModels, on every shape
+
+    first = httpx.get(f"{served.url}/managed/settings", headers=bearer)
+    assert first.json()["settings"]["availableModels"] == ["sonnet"]
+    path.write_text(text.replace("availableModels: [sonnet]", "availableModels: [sonnet, opus]"))
+    deadline = time.monotonic() + 10
+    while True:  # the watcher reloads within a second or two
+        now = httpx.get(f"{served.url}/managed/settings", headers={**bearer, "if-none-match": first.headers["etag"]})
+        if now.status_code == 200:
+            break
+        assert now.status_code == 304 and time.monotonic() < deadline
+        time.sleep(0.2)
+    assert now.json()["settings"]["availableModels"] == ["sonnet", "opus"]
+    assert now.headers["etag"] != first.headers["etag"]
+    opus = httpx.post(
+        f"{served.url}/model/claude-opus-4-7/invoke",
+        json={**MSG, "anthropic_version": "bedrock-2023-05-31"},
+        headers=bearer,
+    )
+    assert opus.status_code == 200, opus.text  # the reloaded policy applies to a bearer already seen
+
+
+@pytest.mark.long
+def test_a_sign_in_that_takes_the_user_over_a_minute_is_polled_at_the_default_interval_and_completes(
+    idp: FakeOidcIssuer, tmp_path: Path
+) -> None:
+    """The defaults: a 5 s interval, a 600 s code, 20 device requests a minute per address. The CLI polls every
+    interval for 70 s (past the rate limit's minute) while the user is slow in the browser: never ``slow_down``,
+    then the token."""
+    port = free_port()
+    text = config(idp, port, f"sqlite:///{tmp_path}/ledger.db").replace("  poll_interval_s: 1\n", "")
+    with run_gateway(text, port=port) as gw:
+        started = start_device(gw.url)
+        assert started["interval"] == 5 and started["expires_in"] == 600
+        begun = time.monotonic()
+        answers = []
+        while time.monotonic() - begun < 70:
+            answers.append(poll(gw.url, started["device_code"]).json()["error"])
+            time.sleep(started["interval"])
+        assert set(answers) == {"authorization_pending"} and len(answers) >= 13
+        assert sign_in_in_browser(started["verification_uri_complete"]).status == 200
+        time.sleep(started["interval"])
+        token = poll(gw.url, started["device_code"])
+        assert token.status_code == 200, token.text
+        reply = httpx.post(
+            f"{gw.url}/v1/messages",
+            json={"model": "claude-sonnet-4-6", **MSG},
+            headers={"authorization": f"Bearer {token.json()['access_token']}", **V},
+        )
+        assert reply.status_code == 200
