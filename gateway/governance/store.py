@@ -570,7 +570,7 @@ class SqliteStore:
 
         try:
             self._db = await asyncio.get_running_loop().run_in_executor(self._writer, connect)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:  # OSError: its directory cannot be made (a file is in the way)
             raise StoreError(f"sqlite: cannot open {self.path}: {exc}") from exc
         await self._write(_sqlite_migrate)
 

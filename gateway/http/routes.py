@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +14,7 @@ from litestar.exceptions import HTTPException
 
 import surfaces
 from gateway.governance.keys import is_admin, key_headers, may_use
+from gateway.governance.store import StoreError
 from gateway.observability.metrics import CONTENT_TYPE
 from gateway.routing.table import Route
 from gateway.wire.errors import (
@@ -130,6 +133,24 @@ async def healthz() -> Response[bytes]:
     return Response(b'{"status":"ok"}', media_type=_JSON)
 
 
+@get("/readyz")
+async def readyz(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Readiness: 503 while draining, or while the store (the ledger, issued keys, sign-in's sessions) cannot be
+    opened within a second; 200 otherwise. ``/healthz`` stays liveness only."""
+    gw = _gateway(request)
+    problem = "draining" if gw.draining else ""
+    if not problem and gw.ledger is not None:
+        try:
+            await asyncio.wait_for(gw.ledger.ready(), 1.0)
+        except (TimeoutError, StoreError) as exc:
+            problem = f"the store cannot be opened: {exc or 'timed out'}"
+    if problem:
+        return Response(
+            json.dumps({"status": "unavailable", "reason": problem}).encode(), status_code=503, media_type=_JSON
+        )
+    return Response(b'{"status":"ready"}', media_type=_JSON)
+
+
 @get("/metrics")
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus text; with ``admin.keys``, only for an admin key."""
@@ -156,5 +177,5 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[byt
     return error_response(GatewayError("internal gateway error"), rid)
 
 
-HANDLERS = [list_models, get_model, healthz, metrics, inference_profiles]
+HANDLERS = [readyz, list_models, get_model, healthz, metrics, inference_profiles]
 exception_handlers: dict[int | type[Exception], Any] = {HTTPException: _http_exception, Exception: _unexpected}

@@ -471,3 +471,15 @@ def test_a_sign_in_that_takes_the_user_over_a_minute_is_polled_at_the_default_in
             headers={"authorization": f"Bearer {token.json()['access_token']}", **V},
         )
         assert reply.status_code == 200
+
+
+def test_readiness_says_whether_the_store_opens(tmp_path: Path) -> None:
+    ready = f'auth: {{keys: [sk-x]}}\nstore: {{url: "sqlite:///{tmp_path}/ledger.db"}}'
+    with run_gateway(ready) as gw:
+        assert httpx.get(f"{gw.url}/readyz").json() == {"status": "ready"}
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with run_gateway(f'auth: {{keys: [sk-x]}}\nstore: {{url: "sqlite:///{blocked}/ledger.db"}}') as gw:
+        answer = httpx.get(f"{gw.url}/readyz")
+        assert answer.status_code == 503 and "store" in answer.json()["reason"]
+        assert httpx.get(f"{gw.url}/healthz").status_code == 200
