@@ -20,6 +20,7 @@ import surfaces
 from gateway.core import Gateway
 from gateway.http.keys_api import KEY_HANDLERS
 from gateway.http.login import LOGIN_HANDLERS
+from gateway.http.managed import MANAGED_HANDLERS
 from gateway.http.messages import messages_endpoint, method_not_allowed, send_error
 from gateway.http.pages import PAGE_HANDLERS
 from gateway.http.reports import REPORT_HANDLERS
@@ -217,6 +218,7 @@ def create_app(
                 *REPORT_HANDLERS,
                 *KEY_HANDLERS,
                 *LOGIN_HANDLERS,
+                *MANAGED_HANDLERS,
             ],
             lifespan=[lifespan],
             exception_handlers=exception_handlers,

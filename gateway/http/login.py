@@ -1,10 +1,10 @@
 """Claude Code's ``/login`` over HTTP (issue 34; the Claude apps gateway protocol, ``docs/single-sign-on.md``).
 
 The OAuth endpoints answer in OAuth's shape (``{"error", "error_description"}``, RFC 6749 §5.2 and RFC 8628 §3.5,
-``cache-control: no-store``); the bearer routes (``/managed/settings``, the telemetry) in Anthropic's envelope, as
-every other API route. The logic lives in ``gateway.governance.signin`` (the device flow) and
-``gateway.governance.sessions`` (the bearers); this module is the HTTP shape, the verification page and its CSRF
-guard.
+``cache-control: no-store``); the routes a signed-in CLI calls with its bearer (managed settings, telemetry) are in
+``gateway/http/managed.py``; the admin's sessions routes here answer in Anthropic's envelope. The logic lives in
+``gateway.governance.signin`` (the device flow) and ``gateway.governance.sessions`` (the bearers); this module is
+the HTTP shape, the verification page and its CSRF guard.
 
 The verification page (``GET /device``) is the gateway's own HTML: no script at all, the shared stylesheet, a CSP
 that allows nothing else (``form-action`` names only this origin and the IdP's, where the form's redirect goes),
@@ -17,23 +17,20 @@ IdP's callback must bring back: a callback opened in another browser approves no
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import html
 import json
 import secrets
-import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
 from litestar import Request, Response, delete, get, post, route
 
 from gateway.governance.audit import audit
-from gateway.governance.keys import ClientKey, is_admin
-from gateway.governance.sessions import policy_for
+from gateway.governance.keys import is_admin
 from gateway.governance.store import StoreError
 from gateway.http.routes import error_response
-from gateway.settings import LoginSettings, Settings
+from gateway.settings import LoginSettings
 from gateway.wire.errors import (
     AuthenticationError,
     GatewayError,
@@ -47,7 +44,7 @@ if TYPE_CHECKING:
     from gateway.core import Gateway
     from gateway.governance.signin import OAuthError, SignIn
 
-__all__ = ["LOGIN_HANDLERS", "managed_env", "settings_checksum"]
+__all__ = ["LOGIN_HANDLERS"]
 
 _MAX_FORM = 8 * 1024
 _NO_STORE = {"cache-control": "no-store", "pragma": "no-cache"}
@@ -330,129 +327,6 @@ async def callback(request: Request[Any, Any, Any]) -> Response[bytes]:
     return _page(login, "Signed in", body, cookie=_cookie(login, _FLOW_COOKIE, "", 0))
 
 
-# --- managed settings ---
-
-
-def settings_checksum(settings: dict[str, Any]) -> str:
-    """``sha256:`` and the hex SHA-256 of the settings as JSON with keys sorted at every level, no whitespace
-    (and characters as they are, as JavaScript's ``JSON.stringify`` writes them)."""
-    canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def managed_env(settings: Settings) -> dict[str, str]:
-    """What the protocol adds to a policy's ``env`` when the CLI's telemetry is relayed: the OTLP exporter
-    pointed at this gateway (which relays it to ``telemetry.forward_to``)."""
-    login = settings.login
-    targets = settings.telemetry.forward_to
-    if login is None or not targets:
-        return {}
-    signals = {signal for target in targets for signal in target.signals}
-    env = {
-        "CLAUDE_CODE_ENABLE_TELEMETRY": "1",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": login.public_url,
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-        "OTEL_RESOURCE_ATTRIBUTES": f"gateway.url={login.public_url}",
-    }
-    for signal in ("metrics", "logs", "traces"):
-        env[f"OTEL_{signal.upper()}_EXPORTER"] = "otlp" if signal in signals else "none"
-    return env
-
-
-async def _principal(gw: Gateway, request: Request[Any, Any, Any]) -> ClientKey | None:
-    runtime = gw.runtime
-    try:
-        _, key = await gw.identity.authenticate(runtime, request.headers)
-    except AuthenticationError:
-        audit("auth.denied", reason="invalid_token", path=request.url.path)
-        raise
-    return key
-
-
-@get("/managed/settings")
-async def managed_settings(request: Request[Any, Any, Any]) -> Response[bytes]:
-    rid = new_request_id()
-    gw = _gateway(request)
-    try:
-        key = await _principal(gw, request)
-        settings = gw.runtime.settings
-        groups = key.groups if key is not None else ()
-        found = policy_for(settings, groups)
-        if found is None:
-            raise NotFound("no managed settings apply to you")
-        index, policy = found
-        chosen = dict(policy.settings)
-        extra = managed_env(settings)
-        if extra:
-            env = chosen.get("env")
-            chosen["env"] = {**extra, **(env if isinstance(env, dict) else {})}
-        checksum = settings_checksum(chosen)
-    except GatewayError as exc:
-        return error_response(exc, rid)
-    etag = f'"{checksum}"'
-    subject = key.user if key is not None else ""
-    audit("managed.serve", subject=subject, email=key.email if key else None, policy=index, checksum=checksum)
-    if request.headers.get("if-none-match") == etag:
-        return Response(b"", status_code=304, headers={"etag": etag, "request-id": rid})
-    base = settings.login.public_url if settings.login is not None else "messages-gateway"
-    body = {
-        "uuid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{base}#managed-policy-{index}")),
-        "checksum": checksum,
-        "settings": chosen,
-    }
-    return Response(
-        json.dumps(body, ensure_ascii=False).encode(),
-        media_type="application/json",
-        headers={"etag": etag, "cache-control": "private, no-cache", "request-id": rid},
-    )
-
-
-# --- the CLI's telemetry (OTLP/HTTP): answered at once, relayed off the request path ---
-
-
-async def _telemetry(request: Request[Any, Any, Any], signal: str) -> Response[bytes]:
-    rid = new_request_id()
-    gw = _gateway(request)
-    try:
-        key = await _principal(gw, request)
-        declared = request.headers.get("content-length", "")
-        limit = gw.runtime.settings.server.max_request_bytes
-        if declared.isdigit() and int(declared) > limit:
-            raise RequestTooLarge(f"a telemetry body is at most {limit} bytes")
-        body = await request.body()
-    except GatewayError as exc:
-        return error_response(exc, rid)
-    relay = getattr(gw, "relay", None)
-    content_type = request.headers.get("content-type", "application/x-protobuf")
-    if relay is not None:
-        relay.submit(
-            signal,
-            body,
-            content_type,
-            request.headers.get("content-encoding"),
-            key.user if key is not None else "",
-            key.team if key is not None else "",
-        )
-    # OTLP/HTTP's success answer: an empty Export*ServiceResponse, in the encoding asked with
-    answer, media = (b"{}", "application/json") if content_type.startswith("application/json") else (b"", content_type)
-    return Response(answer, media_type=media.split(";")[0], headers={"request-id": rid})
-
-
-@post("/v1/metrics", status_code=200)
-async def otlp_metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-    return await _telemetry(request, "metrics")
-
-
-@post("/v1/logs", status_code=200)
-async def otlp_logs(request: Request[Any, Any, Any]) -> Response[bytes]:
-    return await _telemetry(request, "logs")
-
-
-@post("/v1/traces", status_code=200)
-async def otlp_traces(request: Request[Any, Any, Any]) -> Response[bytes]:
-    return await _telemetry(request, "traces")
-
-
 # --- sessions, for an admin key ---
 
 
@@ -536,10 +410,6 @@ LOGIN_HANDLERS = [
     revoke,
     device_page,
     callback,
-    managed_settings,
-    otlp_metrics,
-    otlp_logs,
-    otlp_traces,
     list_sessions,
     revoke_session,
 ]
