@@ -18,9 +18,9 @@ import pytest
 
 from tests.conftest import access_lines, run_gateway
 from tests.fakes.oidc import FakeOidcIssuer, FakeUser
+from tests.login_browser import open_verification as sign_in_in_browser
 from tests.net import free_port
 from tests.postgres import PostgresServer, new_database
-from tests.signin_browser import sign_in_in_browser
 
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 ADMIN = {"x-api-key": "sk-admin"}
