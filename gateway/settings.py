@@ -539,10 +539,10 @@ class OidcSettings(_Strict, frozen=True, kw_only=True):
 
 
 class SessionSettings(_Strict, frozen=True, kw_only=True):
-    """A signed-in session: its bearer lives ``ttl_s`` (Claude Code refreshes it when less than 5 minutes are
-    left, so at least 10 minutes); the session itself ends ``max_age_s`` after sign-in (then ``/login`` again)."""
+    """A signed-in session: its bearer lives ``ttl_s`` (Claude Code refreshes it when less than 5 minutes are left:
+    under 300 s, at each start); the session itself ends ``max_age_s`` after sign-in (then ``/login`` again)."""
 
-    ttl_s: Annotated[float, msgspec.Meta(ge=600, le=86_400)] = 3600.0
+    ttl_s: Annotated[float, msgspec.Meta(ge=60, le=86_400)] = 3600.0
     max_age_s: Annotated[float, msgspec.Meta(ge=600)] = 30 * 86_400.0
 
 
