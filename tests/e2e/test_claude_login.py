@@ -59,7 +59,8 @@ telemetry:
     text = text.replace("availableModels: [sonnet], ", "").replace(
         "  poll_interval_s: 1\n", f"  poll_interval_s: 1\n  session: {{ttl_s: {ttl_s}}}\n"
     )
-    return text.replace("  claude-opus-4-7: {targets: [{provider: demo}]}", '  "claude-*": {targets: [{provider: demo}]}')
+    every = '  "claude-*": {targets: [{provider: demo}]}'
+    return text.replace("  claude-opus-4-7: {targets: [{provider: demo}]}", every)
 
 
 def test_claude_code_signs_in_with_login_and_works_through_the_gateway(
