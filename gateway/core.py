@@ -17,9 +17,10 @@ from gateway.governance import limits
 from gateway.governance.identity import Identity, IssuedKeys
 from gateway.governance.keys import ClientKey
 from gateway.governance.ledger import Ledger
-from gateway.governance.limits import Counters, Limiter, RedisCounters, budget_periods, seed_budgets
+from gateway.governance.limits import Counters, Limiter, RedisCounters, SeedPlan, budget_periods, seed_budgets
 from gateway.governance.sessions import Sessions
 from gateway.governance.signin_store import SigninStore, signin_store
+from gateway.governance.spend_limits import SpendLimits
 from gateway.governance.store import StoreError, open_store
 from gateway.observability.metrics import Metrics, TelemetryMetrics
 from gateway.observability.otlp_relay import OtlpRelay
@@ -114,6 +115,13 @@ class Gateway:
         self._signin_store: SigninStore | None = None
         sessions = Sessions(self.signin_store) if self.ledger is not None else None
         self.identity = Identity(issued, sessions)
+        # the spend limits set at run time (/v1/organizations/spend_limits), in the same store, enforced by the limiter
+        self.spend_limits = (
+            SpendLimits(self.ledger.ready, self.limiter, teams=lambda: self.settings.teams)
+            if self.ledger is not None
+            else None
+        )
+        self._spend_task: asyncio.Task[None] | None = None
         self._signin: SignIn | None = None  # built on first use
         self._keys_task: asyncio.Task[None] | None = None
         self._sessions_task: asyncio.Task[None] | None = None
@@ -285,8 +293,11 @@ class Gateway:
         if self.identity.sessions is not None and self.settings.login is not None and self._sessions_task is None:
             self._sessions_task = loop.create_task(self.identity.sessions.run())
         self.relay.start()
+        if self.spend_limits is not None and self._spend_task is None:
+            self._spend_task = loop.create_task(self.spend_limits.run())
         limiter = self.limiter
-        if self.ledger is not None and limiter.seeding is None and budget_periods(self.settings):
+        budgets = bool(budget_periods(self.settings)) or self.spend_limits is not None  # (spend limits: in the store)
+        if self.ledger is not None and limiter.seeding is None and budgets:
             limiter.seeding = loop.create_task(self._seed_budgets())  # a restart hands out no new budget (issue 33)
             if isinstance(limiter.counters, RedisCounters) and self._reseed_task is None:
                 self._reseed_task = loop.create_task(self._reseed_budgets())  # and a Redis that lost them neither
@@ -295,7 +306,12 @@ class Gateway:
         assert self.ledger is not None
         try:
             store = await self.ledger.ready()
-            seeded = await seed_budgets(self.limiter, self.settings, store)
+            plans: list[SeedPlan] = []
+            if self.spend_limits is not None:
+                with contextlib.suppress(StoreError):  # the limits in force, so their spend is seeded too
+                    await self.spend_limits.refresh()
+                plans = self.spend_limits.seed_plans()
+            seeded = await seed_budgets(self.limiter, self.settings, store, plans=plans)
         except Exception as exc:  # the store (or Redis) is down: budgets count from what is counted
             if not quiet:
                 log.warning("budgets: the ledger's spend could not be seeded (%s); budgets count from now", exc)
@@ -312,7 +328,8 @@ class Gateway:
 
     async def aclose(self) -> None:
         seeding = self.limiter.seeding if isinstance(self.limiter.seeding, asyncio.Task) else None
-        for background in (self._keys_task, self._sessions_task, self._ledger_task, seeding, self._reseed_task):
+        tasks = (self._keys_task, self._sessions_task, self._spend_task, self._ledger_task, seeding, self._reseed_task)
+        for background in tasks:
             if background is not None:
                 background.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -1,14 +1,16 @@
 """Rate limits and budgets per client key and per team (issue 19), in one process.
 
-Rules come from the config: a key's own ``limits`` (else the top-level ``limits``, the default for every key),
-and its team's (``teams.<name>.limits``). A request must pass every rule that applies. **Admission** is checked
-before anything is sent upstream, against what has been counted so far: requests this minute, tokens this
-minute, requests in flight, spend in the budget's calendar window (UTC day, ISO week from Monday, month). A stream
-already running is never cut. Admitted, the request counts one request and one in flight at once; its tokens and
-cost are counted as the stream reports them (``Lease.count``, fed by the tally's fold: input and cache tokens at
-``message_start``, output at ``message_delta``; in shared counters within ``SHARED_COUNT_DELAY``) and the rest
-when it ends (``Lease.settle``), so N requests admitted just under a limit overshoot it by at most their own
-usage.
+Rules come from the config: a key's own ``limits`` (else the top-level ``limits``, the default for every key), and
+its team's (``teams.<name>.limits``); and, for a principal with a user, from the spend limits set at run time
+(``gateway.governance.spend_limits``: a budget each, scopes ``spend-user:``, ``spend-group:``, ``spend-org``,
+counted on the same counters; none asked for while there is no spend limit). A request must pass every rule that
+applies. **Admission** is checked before anything is sent upstream, against what has been counted so far: requests
+this minute, tokens this minute, requests in flight, spend in the budget's calendar window (UTC day, ISO week from
+Monday, month). A stream already running is never cut. Admitted, the request counts one request and one in flight at
+once; its tokens and cost are counted as the stream reports them (``Lease.count``, fed by the tally's fold: input
+and cache tokens at ``message_start``, output at ``message_delta``; in shared counters within
+``SHARED_COUNT_DELAY``) and the rest when it ends (``Lease.settle``), so N requests admitted just under a limit
+overshoot it by at most their own usage.
 
 **A request is counted in the windows it was admitted in**, however long it runs: its one request and its tokens in
 the minute of its admission, its cost in the budget window (UTC day, ISO week, month) of its admission. A stream
@@ -25,7 +27,8 @@ Refusals follow the API's own conventions: over a rate limit ``429 rate_limit_er
 ``retry-after`` and ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`` (reset in RFC 3339; the
 same headers go on every response of a key with limits); over a budget ``429 billing_error`` with
 ``x-should-retry: false`` and ``retry-after`` until the window resets (as Anthropic's gateway in Claude Code
-answers a spend limit).
+answers a spend limit). A signed-in principal (Claude Code's ``/login``) is answered in Claude Code's own terms
+instead: the ``anthropic-ratelimit-unified-*`` headers of ``gateway.governance.overage``.
 
 Test-only: ``MESSAGES_GATEWAY_TEST_PERIOD_S=<seconds>`` in a gateway's environment, read when its ``Limiter`` is made,
 makes every budget window (``day``, ``week`` and ``month`` alike) that many seconds long, aligned to the epoch, so an
@@ -47,6 +50,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gateway.governance import overage
+from gateway.governance.audit import audit
 from gateway.governance.pricing import Prices
 from gateway.settings import ApiKey, LimitSettings, Settings
 from gateway.wire.errors import GatewayError, InvalidRequest
@@ -64,8 +69,12 @@ __all__ = [
     "MemoryCounters",
     "RateLimited",
     "RedisCounters",
+    "SeedPlan",
+    "SpendRules",
+    "SpendUnchecked",
     "budget_counter",
     "check_priced",
+    "ledger_spend",
     "unpriced_routes",
 ]
 
@@ -97,6 +106,14 @@ class LimitStoreDown(GatewayError):
 
     status_code = 529
     error_type = "overloaded_error"
+
+
+class SpendUnchecked(GatewayError):
+    """``LimitStoreDown`` for a signed-in principal under a spend cap: Claude Code's ``fetch_error`` refusal
+    (``gateway.governance.overage``)."""
+
+    status_code = 429
+    error_type = "billing_error"
 
 
 class CountersError(Exception):
@@ -131,7 +148,7 @@ def _test_period() -> float | None:
 def usd(amount: float, scale: float) -> str:
     """Dollars with the precision a budget of ``scale`` needs: cents for $1 and up, else enough digits that a
     small budget's spend is readable (``$0.0012`` of ``$0.0015``, never ``$0.00`` of ``$0.0015``)."""
-    if scale >= 1:
+    if scale >= 1 or scale <= 0:  # (0: a paused pool of the spend limits)
         return f"${amount:,.2f}"
     digits = min(8, max(2, 1 - math.floor(math.log10(scale))))
     return f"${amount:.{digits}f}"
@@ -174,7 +191,13 @@ def budget_counter(scope: str, per: str, now: float, period_s: float | None = No
     return f"{scope}|usd|{window}", ends
 
 
-Rule = tuple[str, LimitSettings]  # (scope, limits): scope "key:<key id>" or "team:<name>"
+Rule = tuple[str, LimitSettings]  # (scope, limits): scope "key:<key id>", "team:<name>" or a spend limit's (below)
+# The rules of the spend limits set at run time (gateway.governance.spend_limits) for a principal with a user; their
+# scopes are "spend-user:<user>", "spend-group:<group>" and "spend-org", never a key's or a team's.
+SpendRules = Callable[["ClientKey"], Sequence[Rule]]
+# What the ledger's spend seeds, for one budget period: (period, the ledger dimension summed, and the scope a value of
+# it counts for, None: none); the values mapped to one scope are added up.
+SeedPlan = tuple[str, str, Callable[[str], str | None]]
 
 
 Check = tuple[str, float]  # (counter, limit): admitted only while the counter is below the limit
@@ -387,9 +410,9 @@ class Lease:
 
     __slots__ = ("_cost", "_limiter", "_pending", "_rules", "_tokens", "_usage", "settled")
 
-    def __init__(self, limiter: Limiter, rules: list[Rule], usage: Sequence[Usage] = ()) -> None:
+    def __init__(self, limiter: Limiter, rules: Sequence[Rule], usage: Sequence[Usage] = ()) -> None:
         self._limiter = limiter
-        self._rules = rules
+        self._rules = rules  # the rules that hold a slot in flight (a spend limit's holds none)
         self._usage = usage  # where its tokens and cost go: the admission's windows (module docstring)
         self._tokens = 0  # counted so far
         self._cost = 0.0
@@ -398,7 +421,7 @@ class Lease:
 
     def count(self, tokens: int, cost: float | None) -> None:
         """The request has used ``tokens`` and ``cost`` so far (running totals)."""
-        if self.settled or not self._rules:
+        if self.settled or not self._usage:
             return
         more, spent = tokens - self._tokens, (cost or 0.0) - self._cost
         if more <= 0 and spent <= 0:
@@ -439,6 +462,9 @@ class Limiter:
         self._flush_at: asyncio.TimerHandle | None = None
         self._period_s = _test_period()
         self.seeding: asyncio.Future[Any] | None = None  # the budgets' seed from the ledger, while it runs
+        # the spend limits' rules for a principal with a user (gateway.governance.spend_limits); None while there
+        # is no spend limit, so a request costs nothing more then
+        self.spend: SpendRules | None = None
         # refusals by (scope, limit kind) since the limiter was made: this process's own (a worker's, not shared)
         self.refusals: collections.Counter[tuple[str, str]] = collections.Counter()
         self.started_at = clock()
@@ -456,10 +482,19 @@ class Limiter:
                 out.append((f"team:{key.team}", team.limits))
         return out
 
-    @classmethod
-    def budgeted(cls, settings: Settings, key: ClientKey | None) -> bool:
-        """Whether a budget applies to the key's requests (its own or its default, or its team's)."""
-        return any(limits.budget is not None for _, limits in cls.rules(settings, key))
+    def all_rules(self, settings: Settings, key: ClientKey | None) -> Sequence[Rule]:
+        """``rules`` and, for a principal with a user, the spend limits' (``gateway.governance.spend_limits``)."""
+        rules = self.rules(settings, key)
+        spend = self.spend
+        if spend is not None and key is not None and key.user:
+            extra = spend(key)
+            if extra:
+                return [*rules, *extra]
+        return rules
+
+    def budgeted(self, settings: Settings, key: ClientKey | None) -> bool:
+        """Whether a budget applies to the key's requests (its own or its default, its team's, a spend limit)."""
+        return any(limits.budget is not None for _, limits in self.all_rules(settings, key))
 
     async def seed(self, spent: Mapping[str, tuple[float, float]]) -> None:
         """Budget counters from the ledger (``seed_budgets``): each ``{scope}|usd|{window}`` raised to at least the
@@ -472,7 +507,7 @@ class Limiter:
             await self.counters.raise_to(values)
 
     def _plan(
-        self, rules: list[Rule], now: float
+        self, rules: Sequence[Rule], now: float
     ) -> tuple[list[Check], list[tuple[str, str, float]], list[Add], list[Usage]]:
         """The counters an admission checks (with what each is), what it adds when admitted, and where the
         request's tokens and cost will go (the windows of ``now``, its admission)."""
@@ -504,16 +539,29 @@ class Limiter:
 
     async def admit(self, settings: Settings, key: ClientKey | None) -> tuple[Lease | None, dict[str, str]]:
         """A lease for a request under every rule that applies (None when none does) and the rate-limit headers
-        for its response; ``RateLimited`` or ``BudgetExceeded`` when a limit is reached."""
+        for its response; ``RateLimited`` or ``BudgetExceeded`` when a limit is reached. A signed-in principal
+        (``ClientKey.session``) under a budget gets Claude Code's headers (``gateway.governance.overage``)."""
         rules = self.rules(settings, key)
-        if not rules:
+        spent: Sequence[Rule] = ()
+        if key is not None and key.user:  # under the spend limits too
+            seeding = self.seeding
+            if seeding is not None and not seeding.done():
+                await _wait(seeding)  # at start-up: once the limits, and the ledger's spend under them, are read
+            spend = self.spend
+            if spend is not None:
+                spent = spend(key)
+        if not rules and not spent:
             return None, {}
         seeding = self.seeding
         if seeding is not None and not seeding.done() and any(limits.budget for _, limits in rules):
-            with contextlib.suppress(TimeoutError):  # a budget is checked against the ledger's spend, once read
-                await asyncio.wait_for(asyncio.shield(seeding), _SEED_WAIT_S)
+            await _wait(seeding)  # a budget is checked against the ledger's spend, once read
         now = self._clock()
         checks, what, adds, usage = self._plan(rules, now)
+        if spent:
+            _plan_spend(spent, now, checks, what, usage, self._period_s)
+            rules_all: Sequence[Rule] = [*rules, *spent]
+        else:
+            rules_all = rules
         try:
             if isinstance(self.counters, MemoryCounters):  # on the limiter's clock, as its counts and settlements
                 failed, values = self.counters.admit_now(checks, adds, now)
@@ -522,12 +570,48 @@ class Limiter:
         except CountersError as exc:
             self._store_error(exc)
             if self._policy == "deny":
-                raise LimitStoreDown("the gateway's rate-limit store cannot be reached; retry shortly") from exc
+                raise _store_down(key, rules_all) from exc
             return Lease(self, []), {}  # allowed, uncounted
         headers = self._headers(checks, what, values, counted=failed < 0)
         if failed >= 0:
-            raise self._refusal(checks[failed][1], values[failed], what[failed], now, headers)
+            refusal = self._refusal(checks[failed][1], values[failed], what[failed], now, headers)
+            if isinstance(refusal, BudgetExceeded):
+                self._budget_refused(refusal, key, _caps(rules_all, checks, what, values), now)
+            raise refusal
+        if key is not None and key.session:
+            headers.update(overage.allowed_headers(_caps(rules_all, checks, what, values)))
         return Lease(self, rules, usage), headers
+
+    @staticmethod
+    def _budget_refused(refusal: BudgetExceeded, key: ClientKey | None, caps: list[overage.Cap], now: float) -> None:
+        """Audited; and for a signed-in principal, Claude Code's refusal: the reached cap that resets last."""
+        reached = [cap for cap in caps if cap.spent >= cap.limit] or caps
+        cap = max(reached, key=lambda c: c.ends)
+        audit(
+            "spend.blocked",
+            scope=refusal.scope,
+            user=key.user if key is not None else None,
+            email=key.email if key is not None and key.email else None,
+            period=overage.PERIOD_NAMES.get(cap.per, cap.per),
+            limit_usd=cap.limit,
+            spent_usd=round(cap.spent, 6),
+        )
+        if key is not None and key.session:
+            refusal.headers, refusal.message = overage.rejected(cap, now)
+            refusal.args = (refusal.message,)
+
+    async def caps(self, settings: Settings, key: ClientKey | None) -> list[overage.Cap] | None:
+        """The budgets that apply to ``key`` with the spend of their current windows (None: the shared counters
+        cannot be read)."""
+        budgeted = [(scope, limits) for scope, limits in self.all_rules(settings, key) if limits.budget is not None]
+        spends = await self.budget_spend(budgeted)
+        caps = []
+        for (scope, limits), (spent, ends) in zip(budgeted, spends, strict=True):
+            assert limits.budget is not None
+            if spent is None:
+                return None
+            caps.append(overage.Cap(scope, limits.budget.per, limits.budget.usd, spent, ends))
+        return caps
 
     def _refusal(
         self, limit: float, value: float, what: tuple[str, str, float], now: float, headers: dict[str, str]
@@ -627,7 +711,7 @@ class Limiter:
         counter a day past its window's end, however late the request ended)."""
         adds: list[Add] = []
         for tokens_key, usd_key, ends in usage:
-            if tokens:
+            if tokens and tokens_key:  # (a spend limit's rule counts no tokens)
                 adds.append((tokens_key, tokens, _MINUTE_TTL))
             if cost and usd_key is not None:
                 adds.append((usd_key, cost, max(1, math.ceil(ends - now)) + 86_400))
@@ -636,12 +720,11 @@ class Limiter:
     def settle(self, lease: Lease, tokens: int = 0, cost: float = 0.0) -> None:
         """A request ended: give back its slot in flight, with the tokens and cost not yet counted, in its
         admission's windows (off the request path with Redis: one round trip, sent at once)."""
-        rules = lease._rules
-        if not rules:
+        if not lease._usage:
             return
         self._waiting.discard(lease)
         now = self._clock()
-        adds: list[Add] = [(f"{scope}|inflight", -1, _INFLIGHT_TTL) for scope, _ in rules]
+        adds: list[Add] = [(f"{scope}|inflight", -1, _INFLIGHT_TTL) for scope, _ in lease._rules]
         adds += self._usage_adds(lease._usage, tokens, cost, now)
         if isinstance(self.counters, MemoryCounters):
             self.counters.add_now(adds, now)
@@ -682,9 +765,59 @@ async def _awaited(sent: Awaitable[None]) -> None:
     await sent
 
 
+def _plan_spend(
+    rules: Sequence[Rule],
+    now: float,
+    checks: list[Check],
+    what: list[tuple[str, str, float]],
+    usage: list[Usage],
+    period_s: float | None,
+) -> None:
+    """``Limiter._plan`` for the spend limits' rules: a budget each, checked and charged; no requests, tokens or
+    slot in flight counted for them."""
+    for scope, limits in rules:
+        budget = limits.budget
+        assert budget is not None
+        counter, ends = budget_counter(scope, budget.per, now, period_s)
+        checks.append((counter, budget.usd))
+        what.append(("budget", scope, ends))
+        usage.append(("", counter, ends))
+
+
+def _store_down(key: ClientKey | None, rules: Sequence[Rule]) -> GatewayError:
+    """The refusal when the counters cannot be read and ``on_store_error`` is ``deny``: Claude Code's
+    ``fetch_error`` for a signed-in principal under a budget, else ``LimitStoreDown``."""
+    if key is not None and key.session and any(limits.budget for _, limits in rules):
+        headers, message = overage.fetch_error()
+        return SpendUnchecked(message, headers=headers)
+    return LimitStoreDown("the gateway's rate-limit store cannot be reached; retry shortly")
+
+
+async def _wait(seeding: asyncio.Future[Any]) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(seeding), _SEED_WAIT_S)
+
+
+def _caps(
+    rules: Sequence[Rule], checks: list[Check], what: list[tuple[str, str, float]], values: list[float]
+) -> list[overage.Cap]:
+    """The budget checks of an admission (in the rules' order) as ``overage.Cap``s."""
+    pers = [limits.budget.per for _, limits in rules if limits.budget is not None]
+    budgets = [(check, w, value) for check, w, value in zip(checks, what, values, strict=True) if w[0] == "budget"]
+    return [
+        overage.Cap(scope, per, limit, value, ends)
+        for per, ((_, limit), (_, scope, ends), value) in zip(pers, budgets, strict=True)
+    ]
+
+
+_SPEND_SCOPES = {"spend-user": "user", "spend-group": "group"}  # the spend limits' (gateway.governance.spend_limits)
+
+
 def _who(scope: str) -> str:
     kind, _, name = scope.partition(":")
-    return f"{kind} {name!r}" if name else "this gateway's default"
+    if scope == "spend-org":
+        return "the organization"
+    return f"{_SPEND_SCOPES.get(kind, kind)} {name!r}" if name else "this gateway's default"
 
 
 def check_priced(route: Route, model: str, price_of: Callable[[str], object | None]) -> None:
@@ -746,27 +879,53 @@ def budget_periods(settings: Settings) -> set[str]:
     return periods
 
 
-async def seed_budgets(limiter: Limiter, settings: Settings, store: Any, now: float | None = None) -> int:
+async def seed_budgets(
+    limiter: Limiter, settings: Settings, store: Any, now: float | None = None, plans: Sequence[SeedPlan] = ()
+) -> int:
     """Budgets that survive a restart (issue 33): the spend of the current window of every budget period, per key
     (its id) and per team, read from the ledger and set into the limiter's counters before it admits a budgeted
-    request. Returns the counters seeded."""
-    from gateway.governance.store import UsageQuery
-
-    now = time.time() if now is None else now
-    spent: dict[str, tuple[float, float]] = {}
+    request; and what ``plans`` add (the spend limits': ``gateway.governance.spend_limits.SpendLimits.seed_plans``).
+    Returns the counters seeded."""
+    base: list[SeedPlan] = []
     for per in sorted(budget_periods(settings)):
-        ends = budget_window(per, now, limiter._period_s)[1]
-        start = budget_window_start(per, now, limiter._period_s)
-        for column, prefix in (("key_name", "key"), ("team", "team")):
-            query = UsageQuery(
-                start_ms=int(start * 1000),
-                end_ms=int(now * 1000) + 1,
-                bucket_ms=max(1, int((ends - start) * 1000)),
-                group_by=(column,),
-            )
-            for total in await store.totals(query):
-                name = total.dimensions.get(column, "")
-                if name and total.cost_usd:
-                    spent[budget_counter(f"{prefix}:{name}", per, now, limiter._period_s)[0]] = (total.cost_usd, ends)
+        base += [(per, "key_name", _prefixed("key:")), (per, "team", _prefixed("team:"))]
+    spent = await ledger_spend(limiter, store, [*base, *plans], now)
     await limiter.seed(spent)
     return len(spent)
+
+
+def _prefixed(prefix: str) -> Callable[[str], str | None]:
+    return lambda name: prefix + name
+
+
+async def ledger_spend(
+    limiter: Limiter, store: Any, plans: Sequence[SeedPlan], now: float | None = None
+) -> dict[str, tuple[float, float]]:
+    """What the ledger holds for ``plans``: budget counter -> (spend in the current window, the window's end); one
+    query per period and dimension, the values each plan maps to one scope added up."""
+    from gateway.governance.store import UsageQuery
+
+    now = limiter._clock() if now is None else now
+    grouped: dict[tuple[str, str], list[Callable[[str], str | None]]] = {}
+    for per, column, scope_of in plans:
+        grouped.setdefault((per, column), []).append(scope_of)
+    spent: dict[str, tuple[float, float]] = {}
+    for (per, column), scopes in grouped.items():
+        ends = budget_window(per, now, limiter._period_s)[1]
+        start = budget_window_start(per, now, limiter._period_s)
+        query = UsageQuery(
+            start_ms=int(start * 1000),
+            end_ms=int(now * 1000) + 1,
+            bucket_ms=max(1, int((ends - start) * 1000)),
+            group_by=(column,),
+        )
+        for total in await store.totals(query):
+            name = total.dimensions.get(column, "")
+            if not name or not total.cost_usd:
+                continue
+            for scope_of in scopes:
+                scope = scope_of(name)
+                if scope is not None:
+                    counter = budget_counter(scope, per, now, limiter._period_s)[0]
+                    spent[counter] = (spent.get(counter, (0.0, ends))[0] + total.cost_usd, ends)
+    return spent

@@ -26,6 +26,7 @@ from gateway.http.pages import PAGE_HANDLERS
 from gateway.http.reports import REPORT_HANDLERS
 from gateway.http.routes import HANDLERS, exception_handlers
 from gateway.http.server import HeaderLimits
+from gateway.http.spend_limits_api import SPEND_LIMIT_HANDLERS
 from gateway.http.status import STATUS_HANDLERS
 from gateway.observability.metrics import Metrics, multiprocess_dir
 from gateway.observability.usage import Outcome, access_line, access_log
@@ -219,6 +220,7 @@ def create_app(
                 *KEY_HANDLERS,
                 *LOGIN_HANDLERS,
                 *MANAGED_HANDLERS,
+                *SPEND_LIMIT_HANDLERS,
             ],
             lifespan=[lifespan],
             exception_handlers=exception_handlers,

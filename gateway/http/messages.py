@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import JsonReply
 from gateway.context import DRAIN_CANCEL, Reply, RequestContext
+from gateway.governance import overage
 from gateway.governance.keys import authorize
 from gateway.governance.limits import BudgetExceeded, RateLimited, check_priced
 from gateway.http.server import BODY_RECEIVED, DISCONNECT_HOOK, DisconnectHook
@@ -241,6 +242,15 @@ async def _admit(gw: Gateway, runtime: Runtime, context: RequestContext, route: 
     context.response_headers.update(limit_headers)
 
 
+async def _standing(gw: Gateway, runtime: Runtime, context: RequestContext) -> None:
+    """A token count spends nothing and is never refused, but a signed-in person's answer still says where they
+    stand under their spend caps (``gateway.governance.overage``)."""
+    key = context.key
+    if key is not None and key.session:
+        caps = await gw.limiter.caps(runtime.settings, key)
+        context.response_headers.update(overage.allowed_headers(caps or []))
+
+
 async def _serve(
     gw: Gateway,
     runtime: Runtime,
@@ -280,6 +290,8 @@ async def _serve(
             check_max_tokens(max_tokens, route.max_tokens, model)
         if not count:  # a token count is never limited: it is how clients stay under a limit
             await _admit(gw, runtime, context, route, model)
+        else:
+            await _standing(gw, runtime, context)
     except GatewayError as exc:
         tally.status = exc.status_code
         tally.record(Outcome.CLIENT_TIMEOUT if isinstance(exc, ClientTimeout) else Outcome.REJECTED)
@@ -340,7 +352,7 @@ async def _serve(
             gw.streams.pop(task, None)
         extra = {
             "request-id": rid,
-            **opened.stream.headers,
+            **_provider_headers(opened.stream.headers, context),
             "x-gateway-provider": tally.provider,
             **context.response_headers,
         }
@@ -363,6 +375,18 @@ async def _serve(
         watch.stop()
 
 
+_UNIFIED_STATUS = overage.PREFIX + "status"
+
+
+def _provider_headers(headers: Mapping[str, str], context: RequestContext) -> Mapping[str, str]:
+    """The provider's response headers for the client. A signed-in person under a spend cap gets the gateway's
+    usage-limit headers (``gateway.governance.overage``) and none of the provider's own ``anthropic-ratelimit-*``:
+    an organisation's quota must not reach them as theirs."""
+    if _UNIFIED_STATUS not in context.response_headers:
+        return headers
+    return {name: value for name, value in headers.items() if not name.lower().startswith("anthropic-ratelimit-")}
+
+
 async def _send_answer(send: Send, answer: JsonReply, tally: UsageTally, reply: Reply, *, recorded: bool) -> None:
     """A JSON answer (a message, a token count) as the provider gave it. ``recorded``: the pipeline has
     recorded it already (a message's usage); a token count is recorded here, with no usage (what it counts
@@ -375,7 +399,7 @@ async def _send_answer(send: Send, answer: JsonReply, tally: UsageTally, reply: 
     context = tally.context
     headers = {
         "request-id": context.request_id,
-        **answer.headers,
+        **_provider_headers(answer.headers, context),
         "x-gateway-provider": tally.provider,
         **context.response_headers,
     }
