@@ -21,7 +21,7 @@ import pytest
 from tests.claude_cli import run_claude
 from tests.claude_login import ENV_REQUIRE_TMUX, claude_login, find_tmux
 from tests.conftest import access_lines, run_gateway
-from tests.e2e.test_signin import ADMIN, ALICE, Collector, config
+from tests.e2e.test_signin import ADMIN, ALICE, MSG, Collector, config
 from tests.fakes.oidc import FakeOidcIssuer
 from tests.net import free_port
 
@@ -135,4 +135,57 @@ def test_after_the_identity_provider_refuses_the_refresh_the_cli_says_to_sign_in
         # session. Start `claude` and sign in again with /login."
         assert "no longer accepts this session" in said and "/login" in said, run.describe()
         assert idp.refresh_refused_count >= 1
+    shutil.rmtree(home, ignore_errors=True)
+
+
+UNIFIED = "anthropic-ratelimit-unified-"
+
+
+def test_a_team_budget_near_its_cap_shows_in_the_cli_and_over_it_the_cli_prints_the_gateways_message(
+    claude_cli: Path, tmux: Path, idp: FakeOidcIssuer, collector: Collector, tmp_path: Path
+) -> None:
+    """The team's daily budget, shared by its members: past 75 % the TUI shows Claude Code's own usage notice
+    (from the gateway's ``anthropic-ratelimit-unified-*`` headers); over the cap ``claude -p`` prints the
+    gateway's 429 message (a ``billing_error`` that says when it resets) and exits 1."""
+    from tests.claude_login import ClaudeTui
+
+    port = free_port()
+    text = login_config(idp, port, tmp_path, collector).replace(
+        "teams: {payments: {}, platform: {}}",
+        "teams: {payments: {limits: {budget: {usd: 0.01, per: day}}}, platform: {}}",
+    )
+    with run_gateway(text, port=port) as gw:
+        home = tmp_path / "home"
+        credentials = claude_login(claude_cli, gw.url, home)
+        bearer = {"authorization": f"Bearer {credentials['jwt']}", "anthropic-version": "2023-06-01"}
+
+        def spend_until(fraction: float) -> float:
+            used = 0.0
+            for _ in range(500):
+                answer = httpx.post(
+                    f"{gw.url}/v1/messages",
+                    json={"model": "claude-sonnet-4-6", **MSG},
+                    headers=bearer,
+                )
+                if answer.status_code == 429:
+                    return 1.0
+                used = float(answer.headers[UNIFIED + "overage-utilization"])
+                if used >= fraction:
+                    return used
+            raise AssertionError(f"the budget's use stayed at {used}")
+
+        assert 0.80 <= spend_until(0.80) < 0.95
+        with ClaudeTui(claude_cli, home) as tui:
+            tui.wait_for_prompt(timeout=60)
+            tui.type("say hi")
+            tui.keys("Enter")
+            screen = tui.wait_for("You've used", timeout=60)
+            assert "of your usage credits" in screen, tui.describe(screen)
+            tui.exit()
+
+        spend_until(1.01)
+        run = run_claude(claude_cli, "say hi", env={}, home=home, settings=None, timeout=90)
+        assert run.returncode == 1, run.describe()
+        said = run.stdout + run.stderr
+        assert "budget" in said and "resets" in said, run.describe()  # the gateway's own message, verbatim
     shutil.rmtree(home, ignore_errors=True)
