@@ -33,7 +33,7 @@ __all__ = [
     "spend_limit_store",
 ]
 
-ACTIONS = ("admin.limit.upsert", "admin.limit.delete")
+ACTIONS = ("admin.limit.upsert", "admin.limit.delete", "admin.session.revoke")  # what the audit view lists
 
 
 class Pool(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,6 +73,10 @@ class SpendLimitStore(Protocol):
         ...
 
     async def delete(self, limit_id: str, event: AuditEvent) -> bool: ...
+
+    async def record(self, event: AuditEvent) -> None:
+        """An admin change that is not a limit's (a session revoked), in the same audit."""
+        ...
 
     async def get(self, limit_id: str) -> SpendLimit | None: ...
 
@@ -194,6 +198,16 @@ class SqlSpendLimitStore:
         )
         return results[-1].rowcount > 0
 
+    async def record(self, event: AuditEvent) -> None:
+        await self._store.sql(
+            [
+                SqlStep(
+                    f"INSERT INTO admin_audit ({_AUDIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+                    (event.id, event.at_ms, event.actor, event.action, event.target, event.detail),
+                )
+            ]
+        )
+
     async def get(self, limit_id: str) -> SpendLimit | None:
         step = SqlStep(f"SELECT {_COLUMNS} FROM spend_limits WHERE id = ?", (limit_id,), fetch=True)
         rows = (await self._store.sql([step], read_only=True))[0].rows
@@ -208,7 +222,7 @@ class SqlSpendLimitStore:
         return int((await self._store.sql([step], read_only=True))[0].rows[0][0])
 
     async def audit(self, *, limit: int, after_id: str | None, before_id: str | None) -> tuple[list[AuditEvent], bool]:
-        where = "action IN (?, ?)"
+        where = f"action IN ({', '.join('?' * len(ACTIONS))})"
         params: list[Any] = list(ACTIONS)
         order = "DESC"
         if before_id is not None:
@@ -257,6 +271,9 @@ class MemorySpendLimitStore:
         self.events.append(msgspec.structs.replace(event, target=limit_id))
         self._version += 1
         return True
+
+    async def record(self, event: AuditEvent) -> None:
+        self.events.append(event)
 
     async def get(self, limit_id: str) -> SpendLimit | None:
         return self.limits.get(limit_id)

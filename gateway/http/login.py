@@ -21,13 +21,15 @@ import hmac
 import html
 import json
 import secrets
+import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
 from litestar import Request, Response, delete, get, post, route
 
 from gateway.governance.audit import audit
-from gateway.governance.keys import is_admin
+from gateway.governance.keys import authenticate
+from gateway.governance.spend_limit_store import AuditEvent, new_id
 from gateway.governance.store import StoreError
 from gateway.http.routes import error_response
 from gateway.settings import LoginSettings
@@ -330,17 +332,20 @@ async def callback(request: Request[Any, Any, Any]) -> Response[bytes]:
 # --- sessions, for an admin key ---
 
 
-def _admin(request: Request[Any, Any, Any], *, write: bool) -> Gateway:
+def _admin(request: Request[Any, Any, Any], *, write: bool) -> tuple[Gateway, str]:
+    """The gateway and the admin key's name (the audit's actor); the refusal otherwise."""
     gw = _gateway(request)
     runtime = gw.runtime
     if not runtime.admin_keys:
         raise AuthenticationError(f"{request.url.path} needs admin.keys, and an admin key on the request")
-    if not is_admin(runtime.admin_keys, request.headers):
-        audit("admin.denied", path=request.url.path, write=write)
-        raise AuthenticationError(f"{request.url.path} needs an admin key (admin.keys)")
+    try:
+        _, admin = authenticate(runtime.admin_keys, request.headers)
+    except AuthenticationError:
+        audit("admin.denied", path=request.url.path, write=write, reason="not_an_admin_key")
+        raise AuthenticationError(f"{request.url.path} needs an admin key (admin.keys)") from None
     if gw.identity.sessions is None or runtime.settings.login is None:
         raise NotFound("sign-in is off: no `login` in the config")
-    return gw
+    return gw, admin.name if admin is not None else "admin"
 
 
 def _session_object(session: Any) -> dict[str, Any]:
@@ -367,7 +372,7 @@ def _session_object(session: Any) -> dict[str, Any]:
 async def list_sessions(request: Request[Any, Any, Any]) -> Response[bytes]:
     rid = new_request_id()
     try:
-        gw = _admin(request, write=False)
+        gw, _ = _admin(request, write=False)
         store = await gw.signin_store()
         found = await store.sessions(subject=request.query_params.get("subject"))
     except StoreError as exc:
@@ -386,15 +391,27 @@ async def revoke_session(request: Request[Any, Any, Any], session_id: str) -> Re
     refresh token at once."""
     rid = new_request_id()
     try:
-        gw = _admin(request, write=True)
+        gw, admin = _admin(request, write=True)
         sessions = gw.identity.sessions
         assert sessions is not None
         store = await gw.signin_store()
-        if await store.session(session_id) is None:
+        session = await store.session(session_id)
+        if session is None:
             raise NotFound(f"no session {session_id!r}")
         signin = gw.signin
-        admin = "admin"
         await sessions.revoke(session_id, "admin", by=admin, oidc=signin.oidc if signin is not None else None)
+        if gw.spend_limits is not None:  # the admin changes' audit in the store (…/spend_limits/audit)
+            now_ms = int(time.time() * 1000)
+            detail = json.dumps({"subject": session.subject, "email": session.email})
+            event = AuditEvent(
+                id=new_id("aud_", now_ms),
+                at_ms=now_ms,
+                actor=admin,
+                action="admin.session.revoke",
+                target=session_id,
+                detail=detail,
+            )
+            await (await gw.spend_limits.store()).record(event)
     except StoreError as exc:
         return error_response(StoreUnavailable(f"the sign-in store cannot be written: {exc}"), rid)
     except GatewayError as exc:

@@ -319,6 +319,9 @@ def test_two_replicas_share_the_flow_and_a_revocation_reaches_the_other_within_t
         assert time.monotonic() - start < 2.0, "the other replica still accepts a revoked session's bearer"
         time.sleep(0.05)
     assert httpx.delete(f"{one.url}/v1/gateway/sessions/ses_nope", headers=ADMIN).status_code == 404
+    events = httpx.get(f"{two.url}/v1/organizations/spend_limits/audit", headers=ADMIN).json()["data"]
+    assert (events[0]["action"], events[0]["target"]) == ("admin.session.revoke", sessions[0]["id"])
+    assert events[0]["detail"] == {"subject": ALICE.sub, "email": ALICE.email}
 
 
 class Collector:
