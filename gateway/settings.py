@@ -296,7 +296,7 @@ class AdminSettings(_Strict, frozen=True, kw_only=True):
     token), and ``GET /v1/gateway/status`` shows everything only to one (a client key sees its own aliases)."""
 
     keys: list[str | ApiKey] = []
-    # admin keys that may only read (the spend limits, their audit, the reports): a write with one is a 403
+    # admin keys that may only read (the spend limits and their audit): a write with one is a 403
     read_keys: list[str | ApiKey] = []
 
     def __post_init__(self) -> None:
