@@ -9,24 +9,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from gateway.governance.signin_store import Device, Session, SigninStore, UserInfo, signin_store
 from gateway.governance.store import open_store
-from tests.postgres import PostgresServer, new_database
 
 NOW = 1_764_547_200_000
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path, postgres: PostgresServer | None) -> str:
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.db"
-    if postgres is None:
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
-    return new_database(postgres)
 
 
 def run(url: str, work: Callable[[SigninStore], Awaitable[Any]]) -> Any:

@@ -42,7 +42,6 @@ from gateway.governance.spend_limits import LimitRequest, SpendLimits, effective
 from gateway.governance.store import LedgerRow, MemoryStore, Store, open_store
 from gateway.settings import Settings, parse_settings
 from gateway.wire.errors import InvalidRequest
-from tests.postgres import PostgresServer, new_database
 
 T0 = datetime(2026, 12, 2, 10, 0, 30, tzinfo=UTC).timestamp()  # a Wednesday
 SETTINGS = parse_settings(
@@ -198,17 +197,6 @@ def test_the_most_specific_amount_applies_per_period_and_every_pool_of_the_perso
 
 
 # --- the store, on each backend ---
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path, postgres: PostgresServer | None) -> str:
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.db"
-    if postgres is None:
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
-    return new_database(postgres)
 
 
 def run_with(url: str, work: Callable[[Store], Awaitable[Any]]) -> Any:

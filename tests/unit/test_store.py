@@ -28,17 +28,6 @@ HOUR = 3_600_000
 T0 = 1_764_547_200_000  # 2025-12-01T00:00:00Z
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path, postgres: PostgresServer | None) -> str:
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/ledger.db"
-    if postgres is None:
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
-    return new_database(postgres)
-
-
 def row(i: int, **fields: Any) -> LedgerRow:
     base: dict[str, Any] = {
         "started_ms": T0 + i * 60_000,
