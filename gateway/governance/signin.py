@@ -138,7 +138,7 @@ class SignIn:
                 break
         else:  # pragma: no cover - five collisions in 20^8
             raise OAuthError(503, "temporarily_unavailable", "no free user code; try again")
-        audit("device.authorize", outcome="success", ip=address, surface=surface, user_code=None)
+        audit("device.authorize", outcome="success", ip=address, surface=surface)
         answer: dict[str, Any] = {
             "device_code": device_code,
             "user_code": user_code,

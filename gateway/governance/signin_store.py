@@ -222,13 +222,9 @@ class SqlSigninStore:
         (result,) = await self._store.sql([SqlStep(statement, params, fetch=True)], read_only=read_only)
         return result.rows
 
-    async def _change(self, statement: str, params: Sequence[Any], *, bump: bool = False) -> bool:
-        steps = [SqlStep(statement, params)]
-        results = await self._store.sql(steps)
-        changed = results[0].rowcount > 0
-        if changed and bump:
-            await self._store.sql([_BUMP])
-        return changed
+    async def _change(self, statement: str, params: Sequence[Any]) -> bool:
+        (result,) = await self._store.sql([SqlStep(statement, params)])
+        return result.rowcount > 0
 
     async def secret(self) -> bytes:
         if self._secret is None:

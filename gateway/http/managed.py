@@ -16,6 +16,7 @@ from gateway.governance.audit import audit
 from gateway.governance.keys import ClientKey
 from gateway.governance.sessions import policy_for
 from gateway.http.routes import error_response
+from gateway.observability.otlp_relay import Signal
 from gateway.settings import Settings
 from gateway.wire.errors import AuthenticationError, GatewayError, NotFound, RequestTooLarge, new_request_id
 
@@ -107,7 +108,7 @@ async def managed_settings(request: Request[Any, Any, Any]) -> Response[bytes]:
 # --- the CLI's telemetry (OTLP/HTTP): answered at once, relayed off the request path ---
 
 
-async def _telemetry(request: Request[Any, Any, Any], signal: str) -> Response[bytes]:
+async def _telemetry(request: Request[Any, Any, Any], signal: Signal) -> Response[bytes]:
     rid = new_request_id()
     gw = _gateway(request)
     try:
@@ -119,17 +120,15 @@ async def _telemetry(request: Request[Any, Any, Any], signal: str) -> Response[b
         body = await request.body()
     except GatewayError as exc:
         return error_response(exc, rid)
-    relay = getattr(gw, "relay", None)
     content_type = request.headers.get("content-type", "application/x-protobuf")
-    if relay is not None:
-        relay.submit(
-            signal,
-            body,
-            content_type,
-            request.headers.get("content-encoding"),
-            key.user if key is not None else "",
-            key.team if key is not None else "",
-        )
+    gw.relay.submit(
+        signal,
+        body,
+        content_type,
+        request.headers.get("content-encoding"),
+        key.user if key is not None else "",
+        key.team if key is not None else "",
+    )
     # OTLP/HTTP's success answer: an empty Export*ServiceResponse, in the encoding asked with
     answer, media = (b"{}", "application/json") if content_type.startswith("application/json") else (b"", content_type)
     return Response(answer, media_type=media.split(";")[0], headers={"request-id": rid})
