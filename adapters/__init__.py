@@ -37,6 +37,7 @@ def build_adapter(
     if isinstance(adapter, HttpAdapter):  # what its provider accepts of a request (adapters/profiles.py)
         tag = str(type(config).__struct_config__.tag)  # the config's `kind`
         kind = "bedrock_converse" if isinstance(config, BedrockProvider) and config.api == "converse" else tag
+        adapter.kind = kind  # the provider's kind as configured (a span's gen_ai.provider.name)
         adapter.profile = profile_for(
             kind, allow=config.betas.allow, drop=config.betas.drop, drop_fields=config.drop_fields
         )

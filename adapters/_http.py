@@ -163,12 +163,18 @@ class HttpAdapter:
         """Prepare, authenticate, send; the 2xx answer, or the error ``check`` maps the answer to."""
         url, body, headers = await self.prepare(request, model, operation)
         sent = await self.auth.apply(request, url, headers, body)
+        traceparent = request.traceparent
+        if traceparent is not None:  # traced: the attempt's CLIENT span goes upstream (W3C Trace Context)
+            sent["traceparent"] = traceparent
+            request.span.url = url
         resp = await self._client.send("POST", url, headers=sent, body=body, timeouts=self._timeouts)
         if resp.status == 401 and await self.auth.renew(sent):  # revoked or skewed: one new token, one retry
             with contextlib.suppress(BodyTooLarge):
                 await resp.read(MAX_ERROR_BYTES)
             await resp.aclose()
             sent = await self.auth.apply(request, url, headers, body)
+            if traceparent is not None:
+                sent["traceparent"] = traceparent
             resp = await self._client.send("POST", url, headers=sent, body=body, timeouts=self._timeouts)
         return await checked(resp, self.name, self._check)
 

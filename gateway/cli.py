@@ -116,7 +116,7 @@ def _ledger_path(settings: Settings) -> Path | None:
 def preflight(settings: Settings, workers: int) -> list[str]:
     """What ``serve`` refuses to start with, each with its fix (``check-config`` runs the same checks): several
     workers counting limits alone, a PostgreSQL ledger without its driver, a SQLite ledger in a directory that cannot
-    be written, tracing without the OpenTelemetry packages."""
+    be written, OTLP over gRPC without grpcio."""
     problems = []
     if workers > 1 and _has_limits(settings) and not (settings.limits and settings.limits.redis_url):
         problems.append(
@@ -133,8 +133,14 @@ def preflight(settings: Settings, workers: int) -> list[str]:
         path = _ledger_path(settings)
         if path is not None and (problem := _unwritable(path)) is not None:
             problems.append(problem)
-    if settings.server.tracing and importlib.util.find_spec("opentelemetry") is None:
-        problems.append("server.tracing is on but OpenTelemetry is not installed: pip install 'messages-gateway[otel]'")
+    from gateway.observability.otlp_export import export_config
+
+    otlp = export_config(settings)
+    if otlp is not None and otlp.protocol == "grpc" and importlib.util.find_spec("grpc") is None:
+        problems.append(
+            "telemetry.otlp exports over gRPC but grpcio is not installed: pip install 'messages-gateway[otel]' "
+            "(or protocol: http/protobuf, which needs nothing more)"
+        )
     return problems
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from gateway.governance.keys import ClientKey
     from gateway.governance.limits import Lease
+    from gateway.observability.tracing import RequestTrace
     from gateway.runtime import Runtime
     from gateway.wire.events import Batch
 
@@ -46,6 +47,7 @@ class RequestContext:
         "lease",
         "limit",
         "method",
+        "panic",
         "path",
         "reply",
         "request_id",
@@ -54,6 +56,7 @@ class RequestContext:
         "sent",
         "session_id",
         "stream",
+        "trace",
     )
 
     def __init__(
@@ -90,3 +93,15 @@ class RequestContext:
         # surface encodes from the batch's decoded events (or sends the provider's own bytes of it,
         # ``Batch.wire``) instead of splitting the chunk again (surfaces.bedrock)
         self.sent: tuple[bytes, Batch] | None = None
+        self.panic = False  # routed in panic mode: every target's breaker was open (gateway.routing.balance)
+        self.trace: RequestTrace | None = None  # its spans, when the gateway traces (gateway.observability.tracing)
+
+    def traced(self, model: str, body: bytes) -> None:
+        """The request as its client sent it, for its spans (when traced)."""
+        if self.trace is not None:
+            self.trace.request(model, body)
+
+    def failed(self, error_type: str) -> None:
+        """The error its client is answered with, for its spans (when traced)."""
+        if self.trace is not None:
+            self.trace.error_type = error_type

@@ -23,9 +23,10 @@ from gateway.governance.signin_store import SigninStore, signin_store
 from gateway.governance.spend_limits import SpendLimits
 from gateway.governance.store import StoreError, open_store
 from gateway.observability.metrics import Metrics, TelemetryMetrics
+from gateway.observability.otlp_export import ExportCounters, OtlpExporter, export_config
 from gateway.observability.otlp_relay import OtlpRelay
 from gateway.observability.recording import Recorder
-from gateway.observability.tracing import request_tracer
+from gateway.observability.tracing import Tracer
 from gateway.observability.usage import Outcome
 from gateway.routing.resilience import Resilience
 from gateway.routing.table import RouteTable
@@ -50,6 +51,16 @@ def _limiter(settings: Settings, metrics: Metrics) -> Limiter:
         on_store_error=defaults.on_store_error if defaults is not None else "allow",
         store_errors=metrics.limit_store_errors.inc,
     )
+
+
+def _tracer(settings: Settings, metrics: Metrics) -> Tracer | None:
+    """The gateway's tracing and GenAI metrics, when ``telemetry.otlp``, ``server.tracing`` or the ``OTEL_*``
+    variables turn them on (``gateway.observability.otlp_export.export_config``)."""
+    config = export_config(settings)
+    if config is None:
+        return None
+    exporter = OtlpExporter(config, ExportCounters(metrics.registry))
+    return Tracer(exporter, sample_ratio=config.sample_ratio, traces=config.traces, metrics=config.metrics)
 
 
 def _ledger(settings: StoreSettings, metrics: Metrics) -> Ledger | None:
@@ -100,8 +111,10 @@ class Gateway:
         self._adopt(self.runtime)
         metrics.live.register(BreakerCollector(self))
         self.ledger = _ledger(settings.store, metrics)  # process-wide: a reload does not move it
+        # the gateway's own traces and GenAI metrics over OTLP (process-wide, read at start-up), when configured
+        self.tracer = _tracer(settings, metrics)
         # where every finished request is recorded
-        self.recorder = Recorder.default(metrics, self.ledger, key_labels=settings.metrics.labels)
+        self.recorder = Recorder.default(metrics, self.ledger, key_labels=settings.metrics.labels, tracer=self.tracer)
         self._ledger_task: asyncio.Task[None] | None = None
         self._reseed_task: asyncio.Task[None] | None = None
         # process-wide counters (a reload changes the limits, not what has been counted against them); in Redis
@@ -177,7 +190,6 @@ class Gateway:
 
     def _adopt(self, runtime: Runtime) -> None:
         self.metrics.set_pricing(runtime.settings.pricing, builtin=runtime.settings.builtin_pricing)
-        self.metrics.tracer = request_tracer(runtime.settings.server.tracing)
 
     def _load(self, path: Path) -> Runtime | None:
         """The new runtime for ``path``, or None (a broken file, or adapters that cannot be built: logged, the
@@ -203,6 +215,8 @@ class Gateway:
         server, running = settings.server, old.settings.server
         if (server.host, server.port, server.workers) != (running.host, running.port, running.workers):
             log.warning("server.host/port/workers changed in %s: they take effect on restart only", path)
+        if (settings.telemetry.otlp, server.tracing) != (old.settings.telemetry.otlp, running.tracing):
+            log.warning("telemetry.otlp / server.tracing changed in %s: they take effect on restart only", path)
         self._adopt(runtime)
         if self.identity.issued is not None:
             self.identity.issued.use_teams(settings.teams)
@@ -293,6 +307,8 @@ class Gateway:
         if self.identity.sessions is not None and self.settings.login is not None and self._sessions_task is None:
             self._sessions_task = loop.create_task(self.identity.sessions.run())
         self.relay.start()
+        if self.tracer is not None:
+            self.tracer.exporter.start()
         if self.spend_limits is not None and self._spend_task is None:
             self._spend_task = loop.create_task(self.spend_limits.run())
         limiter = self.limiter
@@ -335,6 +351,8 @@ class Gateway:
                 with contextlib.suppress(asyncio.CancelledError):
                     await background
         await self.relay.aclose(within=5.0)
+        if self.tracer is not None:  # the spans still queued, and the metrics as they stand, go first
+            await self.tracer.exporter.aclose(within=5.0)
         if self.ledger is not None:  # what is queued is written before the process goes
             await self.ledger.aclose(within=max(5.0, self.settings.server.drain_timeout_s))
         await self.limiter.aclose()

@@ -89,7 +89,9 @@ class ServerSettings(_Strict, frozen=True, kw_only=True):
     ping_interval_s: PositiveFloat = 10.0  # a `ping` event while the provider is silent this long
     drain_timeout_s: NonNegativeFloat = 30.0  # on SIGTERM: how long in-flight streams may finish
     forward_headers: list[str] | None = None  # client headers allowed upstream; None: anthropic-beta
-    tracing: bool = False  # OpenTelemetry spans, one per request (the `otel` extra)
+    # OpenTelemetry traces and GenAI metrics over OTLP (`telemetry.otlp`; with no `telemetry.otlp` the standard
+    # OTEL_EXPORTER_OTLP_* variables, or the OTLP/HTTP default http://localhost:4318, say where)
+    tracing: bool = False
     ui: bool = True  # the browser pages: GET /playground and GET /status (static; they call the API with a key)
     # the longest silence tolerated while a client sends its request head (then the connection is closed) or
     # body (then 408 and close): nginx's client_header_timeout / client_body_timeout
@@ -601,14 +603,47 @@ class TelemetryTarget(_Strict, frozen=True, kw_only=True):
             raise ValueError("telemetry.forward_to.url: an http(s) URL")
 
 
+class OtlpSettings(_Strict, frozen=True, kw_only=True):
+    """The gateway's own traces and metrics, in OpenTelemetry's GenAI conventions, exported over OTLP
+    (``docs/observability.md``): a SERVER span per request, a CLIENT span per upstream attempt, and the
+    ``gen_ai.*`` histograms. A key left out takes its standard ``OTEL_*`` variable, then the OTLP default. Spans
+    leave through a bounded queue off the request path; an export that fails is counted
+    (``gateway_otlp_export_failures_total``), never felt by a request."""
+
+    # the collector: a base URL (`/v1/traces` and `/v1/metrics` are appended for http/protobuf); default
+    # OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4318 (http/protobuf) or http://localhost:4317 (grpc)
+    endpoint: str | None = None
+    protocol: Literal["grpc", "http/protobuf"] | None = None  # default OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf
+    headers: dict[str, str] = {}  # sent with every export (an API key); OTEL_EXPORTER_OTLP_HEADERS adds to them
+    # resource attributes beside service.name (OTEL_SERVICE_NAME, else messages-gateway), service.version and
+    # service.instance.id; OTEL_RESOURCE_ATTRIBUTES adds to them
+    resource_attributes: dict[str, str | int | float | bool] = {}
+    signals: list[Literal["traces", "metrics"]] = msgspec.field(default_factory=lambda: ["traces", "metrics"])
+    sample_ratio: Annotated[float, msgspec.Meta(ge=0, le=1)] = 1.0  # of traces the gateway starts; a caller's
+    # traceparent decides for its own (its sampled flag), as OpenTelemetry's parent-based sampler does
+    timeout_s: PositiveFloat = 10.0  # one export's deadline (OTEL_EXPORTER_OTLP_TIMEOUT)
+    schedule_delay_s: PositiveFloat = 5.0  # spans wait at most this long before they are sent (OTEL_BSP_SCHEDULE_DELAY)
+    max_queue: Annotated[int, msgspec.Meta(ge=1)] = 2048  # spans waiting; more are dropped and counted
+    max_batch: Annotated[int, msgspec.Meta(ge=1)] = 512  # spans in one export
+    metrics_interval_s: PositiveFloat = 60.0  # how often the GenAI histograms are sent (OTEL_METRIC_EXPORT_INTERVAL)
+    # the convention's opt-in content attributes (gen_ai.input.messages, gen_ai.system_instructions,
+    # gen_ai.output.messages): prompts and answers in the spans. Off by default; keys never are
+    capture_content: bool = False
+
+    def __post_init__(self) -> None:
+        if self.endpoint is not None and not self.endpoint.startswith(("https://", "http://")):
+            raise ValueError("telemetry.otlp.endpoint: an http(s) URL")
+
+
 class TelemetrySettings(_Strict, frozen=True, kw_only=True):
     """The CLI's telemetry (``POST /v1/metrics|logs|traces``): answered at once and relayed, off the request
     path, to each of ``forward_to`` through a queue of at most ``max_queue`` bodies (more are dropped and
-    counted)."""
+    counted). ``otlp``: the gateway's own traces and metrics."""
 
     forward_to: list[TelemetryTarget] = []
     max_queue: Annotated[int, msgspec.Meta(ge=1)] = 1000
     timeout_s: PositiveFloat = 10.0
+    otlp: OtlpSettings | None = None  # the gateway's own OpenTelemetry export (on when given, or server.tracing)
 
 
 class Settings(_Strict, frozen=True, kw_only=True):

@@ -44,6 +44,7 @@ class Call(Protocol):
 
     kind: str  # "bedrock" | "vertex"
     model_id: str  # as the client named it in the path
+    route: str  # the route's template (a span's http.route): "/model/{modelId}/invoke-with-response-stream"…
     stream: bool
     count: bool
 
@@ -62,10 +63,11 @@ class PathCall:
 
     kind = ""
 
-    def __init__(self, model_id: str, *, stream: bool, count: bool) -> None:
+    def __init__(self, model_id: str, *, stream: bool, count: bool, route: str = "") -> None:
         self.model_id = model_id
         self.stream = stream
         self.count = count
+        self.route = route
 
 
 def cloud_model_names(model_id: str) -> list[str]:

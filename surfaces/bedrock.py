@@ -90,7 +90,7 @@ def match_bedrock(method: str, path: str) -> BedrockCall | None:
     if action not in _ACTIONS or not model:
         return None
     stream, count = _ACTIONS[action]
-    return BedrockCall(unquote(model), stream=stream, count=count)
+    return BedrockCall(unquote(model), stream=stream, count=count, route=f"{BEDROCK_PREFIX}{{modelId}}/{action}")
 
 
 def bedrock_error(status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> tuple[int, list[Any], bytes]:

@@ -41,9 +41,10 @@ def match_vertex(method: str, path: str) -> VertexCall | None:
     if found is None:
         return None
     model, action = found.groups()
+    route = f"{VERTEX_PREFIX}{{project}}/locations/{{location}}/publishers/anthropic/models/{{model}}:{action}"
     if model == "count-tokens":
-        return VertexCall("", stream=False, count=True) if action == "rawPredict" else None
-    return VertexCall(model, stream=action == "streamRawPredict", count=False)
+        return VertexCall("", stream=False, count=True, route=route) if action == "rawPredict" else None
+    return VertexCall(model, stream=action == "streamRawPredict", count=False, route=route)
 
 
 class VertexCall(PathCall):

@@ -60,6 +60,7 @@ Receive = Any
 Send = Any
 
 _JSON_TYPE = (b"content-type", b"application/json")
+_ROUTES = {False: "/v1/messages", True: "/v1/messages/count_tokens"}
 _NOSNIFF = (b"x-content-type-options", b"nosniff")
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -177,6 +178,9 @@ def _tally(gw: Gateway, runtime: Runtime, scope: Scope, headers: Mapping[str, st
         agent_id=_client_id(gw, headers, "x-claude-code-agent-id"),
         runtime=runtime,
     )
+    tracer = gw.tracer
+    if tracer is not None:  # its trace: the caller's (traceparent) or a new one
+        context.trace = tracer.start(headers)
     return UsageTally(gw.metrics, alias="", context=context, recorder=gw.recorder)
 
 
@@ -203,6 +207,8 @@ async def messages_endpoint(
     if call is not None:
         send, count = call.wrap(send, context), call.count
     context.count = count
+    if context.trace is not None:  # the SERVER span's http.route: the route's template, never a model id
+        context.trace.route = call.route if call is not None else _ROUTES[count]
     if count:
         tally.timed = False  # a token count is not a message: no latency histograms
     limit = runtime.settings.server.max_inflight
@@ -280,6 +286,7 @@ async def _serve(
             model, stream, max_tokens = head.model, bool(head.stream), head.max_tokens
         check_model_name(model)
         context.stream = stream
+        context.traced(model, body)
         route = runtime.routes.resolve(model)
         tally.alias = route.alias  # routed: from here the request has a ledger row, whatever its outcome
         authorize(key, route, model)
@@ -294,6 +301,7 @@ async def _serve(
             await _standing(gw, runtime, context)
     except GatewayError as exc:
         tally.status = exc.status_code
+        context.failed(exc.error_type)
         tally.record(Outcome.CLIENT_TIMEOUT if isinstance(exc, ClientTimeout) else Outcome.REJECTED)
         await send_error(send, exc, rid, reply)
         return

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -140,7 +139,6 @@ class Metrics:
         # collectors that read this process's live state at scrape time (the breakers): per worker
         self.live = CollectorRegistry()
         self.pricing = Prices(builtin=False)  # none until the gateway sets its config's (set_pricing)
-        self.tracer: Any = None  # an OpenTelemetry tracer when server.tracing is on
         self.usage_mismatch = Counter(
             "gateway_usage_mismatch",
             "Streams whose provider-side token counts (Bedrock invocation metrics) disagree with the stream's usage.",

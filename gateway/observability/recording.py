@@ -120,7 +120,6 @@ class Finished(msgspec.Struct, kw_only=True):
     """Everything recorded of one request, once, when it ends."""
 
     started_at: float  # UTC seconds since the epoch
-    started_ns: int  # for the span (0 when tracing is off)
     request_id: str
     upstream_request_id: str
     method: str
@@ -147,6 +146,12 @@ class Finished(msgspec.Struct, kw_only=True):
     dropped: tuple[str, ...] = ()  # betas and fields the serving provider was not sent (adapters.profiles)
     lease: Any = None  # its hold on rate limits and budgets (gateway.governance.limits.Lease), settled by LimiterSink
     limit: str = ""  # the limit that refused it ("team budget", "key requests_per_minute"…); "" for none
+    response_id: str = ""  # the answer's message id, model and stop reason, as the provider said them
+    response_model: str = ""
+    finish_reason: str = ""
+    upstream_wait: float | None = None  # seconds from the serving attempt's start to the provider's first event
+    panic: bool = False  # routed in panic mode (every target's breaker open)
+    trace: Any = None  # its spans' ids and attempts (gateway.observability.tracing.RequestTrace) when traced
 
 
 class Sink(Protocol):
@@ -297,33 +302,22 @@ class AccessLogSink:
             )
 
 
-class SpanSink:
-    """One OpenTelemetry span per request, when ``server.tracing`` gave the metrics a tracer."""
+class Tracer(Protocol):
+    """What writes a traced request's spans and GenAI metrics (``gateway.observability.tracing.Tracer``)."""
 
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
+    def record(self, f: Finished, trace: Any) -> None: ...
+
+
+class SpanSink:
+    """A traced request's spans and GenAI metrics."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self._tracer = tracer
 
     def record(self, finished: Finished) -> None:
-        tracer = self._metrics.tracer
-        if tracer is None:
-            return
-        f, usage = finished, finished.usage
-        attributes: dict[str, Any] = {
-            "gateway.alias": f.alias,
-            "gateway.provider": f.provider,
-            "gateway.model": f.model,
-            "gateway.outcome": f.outcome,
-            "gateway.attempts": f.attempts,
-            "http.response.status_code": f.status,
-            "gen_ai.usage.input_tokens": usage.input_tokens or 0,
-            "gen_ai.usage.output_tokens": usage.output_tokens or 0,
-            "gateway.usage.cache_read_input_tokens": usage.cache_read_input_tokens or 0,
-            "gateway.usage.cache_creation_input_tokens": usage.cache_creation_input_tokens or 0,
-            "gateway.request_id": f.request_id,
-        }
-        if f.ttft is not None:
-            attributes["gateway.time_to_first_token_ms"] = round(f.ttft * 1000, 3)
-        tracer.start_span(f"messages {f.alias}", start_time=f.started_ns, attributes=attributes).end()
+        trace = finished.trace
+        if trace is not None:
+            self._tracer.record(finished, trace)
 
 
 def ledger_row(f: Finished) -> LedgerRow:
@@ -375,8 +369,17 @@ class Recorder:
         self.sinks = tuple(sinks)
 
     @classmethod
-    def default(cls, metrics: Metrics, ledger: Ledger | None = None, *, key_labels: Sequence[str] = ()) -> Recorder:
-        sinks: list[Sink] = [MetricsSink(metrics), AccessLogSink(), SpanSink(metrics), LimiterSink()]
+    def default(
+        cls,
+        metrics: Metrics,
+        ledger: Ledger | None = None,
+        *,
+        key_labels: Sequence[str] = (),
+        tracer: Tracer | None = None,
+    ) -> Recorder:
+        sinks: list[Sink] = [MetricsSink(metrics), AccessLogSink(), LimiterSink()]
+        if tracer is not None:
+            sinks.append(SpanSink(tracer))
         if key_labels:
             sinks.append(KeyMetricsSink(metrics, key_labels))
         if ledger is not None:

@@ -39,15 +39,17 @@ class UsageTally:
         "_recorder",
         "alias",
         "context",
+        "finish_reason",
         "first_token_at",
         "inflight",
         "model",
         "model_label",
         "provider",
         "recorded",
+        "response_id",
+        "response_model",
         "started",
         "started_at",
-        "started_ns",
         "status",
         "timed",
         "upstream_request_id",
@@ -78,7 +80,6 @@ class UsageTally:
         self.usage = EMPTY
         self.started = clock()
         self.started_at = time.time()
-        self.started_ns = time.time_ns() if metrics.tracer is not None else 0
         self.first_token_at: float | None = None
         self.recorded: str | None = None
         self.inflight = False
@@ -87,6 +88,10 @@ class UsageTally:
         self.upstream_wait: float | None = None  # the answering provider's own time to its first event
         self.context = context or RequestContext()  # the request's ids, principal and control state
         self.timed = True  # observe the latency histograms (not for a token count)
+        # what the answer said of itself (message_start's id and model, message_delta's stop reason): the spans'
+        self.response_id = ""
+        self.response_model = ""
+        self.finish_reason = ""
 
     def begin(self) -> None:
         """The request is being served: counted in flight until ``record``."""
@@ -103,6 +108,11 @@ class UsageTally:
         etype = view.type
         if etype == "message_start" or etype == "message_delta":
             self.usage = usage = fold_usage(self.usage, view)
+            message, delta = view.message, view.delta
+            if message is not None:
+                self.response_id, self.response_model = message.id, message.model
+            elif delta is not None and delta.stop_reason:
+                self.finish_reason = delta.stop_reason
             lease = self.context.lease
             if lease is not None:  # limits count each token as soon as the stream reports it
                 price = self._metrics.price_of(self.model) if self._metrics.pricing else None
@@ -127,7 +137,6 @@ class UsageTally:
         price = self._metrics.price_of(self.model) if self._metrics.pricing else None
         return Finished(
             started_at=self.started_at,
-            started_ns=self.started_ns,
             request_id=context.request_id,
             upstream_request_id=self.upstream_request_id,
             method=context.method,
@@ -154,4 +163,10 @@ class UsageTally:
             dropped=context.dropped,
             lease=context.lease,
             limit=context.limit,
+            response_id=self.response_id,
+            response_model=self.response_model,
+            finish_reason=self.finish_reason,
+            upstream_wait=self.upstream_wait,
+            panic=context.panic,
+            trace=context.trace,
         )

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -45,6 +45,10 @@ __all__ = [
     "outcome_of",
     "stream_body",
 ]
+
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+    from gateway.observability.tracing import AttemptSpan, RequestTrace
 
 _KNOWN = frozenset(KNOWN_EVENTS)
 
@@ -100,10 +104,12 @@ async def _attempts(
         context.deadline = res.clock() + res.total_s
     deadline = context.deadline
     order = [] if panic else route.plan(res.clock())
+    trace = context.trace
     if not order:
         panic = True
         order = route.panic_order(res.clock())
         metrics.panics.labels(route.alias).inc()
+        context.panic = True
     budget = res.policy.max_attempts
     last: GatewayError | None = None
     tried = 0
@@ -133,6 +139,7 @@ async def _attempts(
         previous = target
         tally.provider, tally.model = target.provider, target.upstream_model(request.model)
         tally.model_label = target.model or ""  # never the client's own name: it would be a label value
+        span = _attempt_span(trace, request, target, tally.model)
         started = res.clock()
         health.begin()
         try:
@@ -141,6 +148,8 @@ async def _attempts(
             health.end()
             metrics.upstream_errors.labels(target.provider, exc.error_type).inc()
             last = exc
+            if span is not None:
+                _failed_span(span, exc, tally.context)
             if not exc.retryable:
                 raise
             _record_retryable(health, exc, res.clock())
@@ -153,6 +162,7 @@ async def _attempts(
             tally.context.dropped = request.dropped  # what this attempt's provider was not sent
         waited = res.clock() - started
         tally.upstream_wait = waited
+        context.failed("")  # (traced) an earlier attempt's failure is not the request's
         health.record_success(res.clock(), ttft_s=waited)
         if not hold:  # a stream stays in flight on its target until stream_body ends it
             health.end()
@@ -162,6 +172,21 @@ async def _attempts(
     if tried > 1:
         last.headers["x-should-retry"] = "false"  # the gateway spent its attempts: the SDK should not multiply them
     raise last
+
+
+def _attempt_span(trace: RequestTrace | None, request: ProxyRequest, target: Target, model: str) -> AttemptSpan | None:
+    """A traced attempt's CLIENT span, its ``traceparent`` set for the provider (None: not traced)."""
+    if trace is None:
+        return None
+    span = request.span = trace.attempt(target.provider, target.adapter.kind, model)
+    request.traceparent = trace.traceparent(span)
+    return span
+
+
+def _failed_span(span: AttemptSpan, exc: GatewayError, context: RequestContext) -> None:
+    span.fail(exc.error_type, exc.status_code if isinstance(exc, UpstreamStatusError) else 0)
+    if context.trace is not None:
+        context.trace.error_type = exc.error_type  # the request's, unless a later attempt answers
 
 
 async def _before_next(
@@ -439,6 +464,11 @@ async def _close(batches: AsyncGenerator[Batch] | None, stream: EventStream) -> 
 
 class _UsageOnly(msgspec.Struct):
     usage: UsageView | None = None
+    # the message's id, model and stop reason (the span's gen_ai.response.*): any JSON, so a provider's odd value
+    # is not an error here (it reaches the span only when it is a string)
+    id: Any = ""
+    model: Any = ""
+    stop_reason: Any = None
 
 
 _decode_usage_only = msgspec.json.Decoder(_UsageOnly).decode
@@ -476,15 +506,20 @@ async def complete(
         tally.record(Outcome.CLIENT_CANCELLED)
         raise
     try:
-        usage = _decode_usage_only(reply.body).usage  # (a whole parse: the answer's JSON is checked here)
+        answer = _decode_usage_only(reply.body)  # (a whole parse: the answer's JSON is checked here)
     except msgspec.DecodeError:
         tally.status = 502
         tally.record(Outcome.UPSTREAM_ERROR)
         raise UpstreamStatusError(
             502, "api_error", f"provider {tally.provider!r} {NOT_JSON}", request_id=reply.request_id
         ) from None
+    usage = answer.usage
     if usage is not None:
         tally.usage = usage_of(usage)
+    if answer.id or answer.model or answer.stop_reason:
+        tally.response_id, tally.response_model, tally.finish_reason = (
+            v if isinstance(v, str) else "" for v in (answer.id, answer.model, answer.stop_reason)
+        )
     tally.status = reply.status
     tally.upstream_request_id = reply.request_id
     tally.record(Outcome.COMPLETED)

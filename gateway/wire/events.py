@@ -304,8 +304,15 @@ class _Kind(msgspec.Struct, gc=False):
     type: str = ""
 
 
+class _DeltaView(msgspec.Struct, gc=False):
+    type: str = ""
+    stop_reason: str | None = None  # message_delta's (the span's gen_ai.response.finish_reasons)
+
+
 class _MessageView(msgspec.Struct, gc=False):
     usage: UsageView | None = None
+    id: str = ""  # message_start's message id and model (the span's gen_ai.response.id and .model)
+    model: str = ""
 
 
 class _ErrorView(msgspec.Struct, gc=False):
@@ -319,7 +326,7 @@ class EventView(msgspec.Struct, gc=False):
     type: str = ""
     index: int | None = None
     content_block: _Kind | None = None
-    delta: _Kind | None = None
+    delta: _DeltaView | None = None
     message: _MessageView | None = None
     usage: UsageView | None = None
     error: _ErrorView | None = None

@@ -160,7 +160,9 @@ class ProxyRequest:
         "extra_headers",
         "model",
         "request_id",
+        "span",
         "stream",
+        "traceparent",
     )
 
     def __init__(
@@ -191,6 +193,9 @@ class ProxyRequest:
         # what the adapter of the last attempt left out for its provider (``adapters.profiles``): the access
         # line's ``dropped`` and gateway_dropped_features_total
         self.dropped: tuple[str, ...] = ()
+        # the W3C traceparent of the attempt being made (its CLIENT span), sent upstream; None: not traced
+        self.traceparent: str | None = None
+        self.span: Any = None  # that attempt's span (gateway.observability.tracing.AttemptSpan): where it was sent
 
     def rewrite(self, changes: Mapping[str, Any]) -> None:
         """Change top-level fields of the body itself (the gateway's own policy, e.g. a clamped max_tokens),

@@ -1,0 +1,121 @@
+"""OpenTelemetry's GenAI histograms, aggregated in the process and exported over OTLP with the spans.
+
+The four instruments of the convention's ``docs/gen-ai/gen-ai-metrics.md`` that a gateway sees, each with the
+explicit bucket boundaries the convention gives it: ``gen_ai.client.token.usage`` and
+``gen_ai.client.operation.duration`` (the gateway as its providers' client: per upstream attempt),
+``gen_ai.server.request.duration`` and ``gen_ai.server.time_to_first_token`` (the gateway as its clients' server:
+per request). A record is one dict look-up and a ``bisect``; the data points are built only when the exporter
+collects them (cumulative temporality, the OTLP default, from the process's start), so the Prometheus metrics,
+which stay as they are, and these cost the request path about the same.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from typing import Any
+
+from gateway.observability.otlp_proto import TEMPORALITY_CUMULATIVE, Histogram, HistogramPoint
+
+__all__ = [
+    "CLIENT_DURATION",
+    "INSTRUMENTS",
+    "SERVER_DURATION",
+    "TIME_TO_FIRST_TOKEN",
+    "TOKEN_USAGE",
+    "GenAiMetrics",
+    "Instrument",
+]
+
+Attributes = tuple[tuple[str, Any], ...]
+
+_TOKEN_BOUNDS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+_DURATION_BOUNDS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+_TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+
+
+class Instrument:
+    __slots__ = ("bounds", "description", "name", "unit")
+
+    def __init__(self, name: str, unit: str, description: str, bounds: tuple[float, ...]) -> None:
+        self.name = name
+        self.unit = unit
+        self.description = description
+        self.bounds = bounds
+
+
+TOKEN_USAGE, CLIENT_DURATION, SERVER_DURATION, TIME_TO_FIRST_TOKEN = range(4)
+INSTRUMENTS = (
+    Instrument("gen_ai.client.token.usage", "{token}", "Number of input and output tokens used.", _TOKEN_BOUNDS),
+    Instrument("gen_ai.client.operation.duration", "s", "GenAI operation duration.", _DURATION_BOUNDS),
+    Instrument("gen_ai.server.request.duration", "s", "Generative AI server request duration.", _DURATION_BOUNDS),
+    Instrument(
+        "gen_ai.server.time_to_first_token", "s", "Time to generate first token for successful responses.", _TTFT_BOUNDS
+    ),
+)
+
+
+class _Series:
+    __slots__ = ("counts", "max", "min", "start_ns", "sum")
+
+    def __init__(self, buckets: int, start_ns: int) -> None:
+        self.counts = [0] * buckets
+        self.sum = 0.0
+        self.min = float("inf")
+        self.max = float("-inf")
+        self.start_ns = start_ns
+
+
+class GenAiMetrics:
+    """The histograms' series, by instrument and attribute set."""
+
+    def __init__(self, max_series: int = 2000) -> None:
+        self._series: dict[tuple[int, Attributes], _Series] = {}
+        self._max_series = max_series  # past it a new attribute set is not recorded (counted in `overflow`)
+        self.overflow = 0
+
+    def record(self, instrument: int, attributes: Attributes, value: float) -> None:
+        key = (instrument, attributes)
+        series = self._series.get(key)
+        bounds = INSTRUMENTS[instrument].bounds
+        if series is None:
+            if len(self._series) >= self._max_series:
+                self.overflow += 1
+                return
+            series = self._series[key] = _Series(len(bounds) + 1, time.time_ns())
+        series.counts[bisect_left(bounds, value)] += 1  # a bucket is (previous bound, bound]: OTLP's
+        series.sum += value
+        if value < series.min:
+            series.min = value
+        if value > series.max:
+            series.max = value
+
+    def collect(self, now_ns: int | None = None) -> list[Histogram]:
+        """Every series' cumulative data point, by instrument."""
+        now_ns = now_ns or time.time_ns()
+        points: dict[int, list[HistogramPoint]] = {}
+        for (instrument, attributes), series in self._series.items():  # (the event loop's: nothing records meanwhile)
+            counts = list(series.counts)
+            points.setdefault(instrument, []).append(
+                HistogramPoint(
+                    attributes=dict(attributes),
+                    start_ns=series.start_ns,
+                    time_ns=now_ns,
+                    count=sum(counts),
+                    sum=series.sum,
+                    bucket_counts=counts,
+                    bounds=INSTRUMENTS[instrument].bounds,
+                    min=series.min,
+                    max=series.max,
+                )
+            )
+        return [
+            Histogram(
+                name=INSTRUMENTS[i].name,
+                description=INSTRUMENTS[i].description,
+                unit=INSTRUMENTS[i].unit,
+                points=points[i],
+                temporality=TEMPORALITY_CUMULATIVE,
+            )
+            for i in sorted(points)
+        ]
