@@ -60,7 +60,13 @@ def _tracer(settings: Settings, metrics: Metrics) -> Tracer | None:
     if config is None:
         return None
     exporter = OtlpExporter(config, ExportCounters(metrics.registry))
-    return Tracer(exporter, sample_ratio=config.sample_ratio, traces=config.traces, metrics=config.metrics)
+    return Tracer(
+        exporter,
+        sample_ratio=config.sample_ratio,
+        traces=config.traces,
+        metrics=config.metrics,
+        capture_content=config.capture_content,
+    )
 
 
 def _ledger(settings: StoreSettings, metrics: Metrics) -> Ledger | None:

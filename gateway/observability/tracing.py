@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from gateway.observability.genai_content import OutputCollector, input_attributes
 from gateway.observability.genai_metrics import (
     CLIENT_DURATION,
     SERVER_DURATION,
@@ -131,8 +132,11 @@ class RequestTrace:
 
     __slots__ = (
         "attempts",
+        "capture",
         "error_type",
         "flags",
+        "inputs",
+        "output",
         "params",
         "parent_id",
         "request_model",
@@ -155,6 +159,9 @@ class RequestTrace:
         self.params = _NO_PARAMS
         self.attempts: list[AttemptSpan] = []
         self.error_type = ""  # the error the client was answered with, when one was
+        self.capture = False  # telemetry.otlp.capture_content: the prompt and the answer go into the spans
+        self.inputs: dict[str, str] = {}  # (capture) gen_ai.system_instructions and gen_ai.input.messages
+        self.output: OutputCollector | None = None  # (capture) the answer, as it streams or arrives
 
     @property
     def sampled(self) -> bool:
@@ -164,6 +171,8 @@ class RequestTrace:
         """The request as the client sent it: its model and the parameters the spans carry (one decode that
         skips everything else; a body whose parameters are mistyped has none: the provider refuses it anyway)."""
         self.request_model = model
+        if self.capture:
+            self.inputs, self.output = input_attributes(body), OutputCollector()
         try:
             self.params = _decode_params(body)
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -209,10 +218,17 @@ class Tracer:
     and each finished request's spans and GenAI metrics, handed to the exporter."""
 
     def __init__(
-        self, exporter: OtlpExporter, *, sample_ratio: float = 1.0, traces: bool = True, metrics: bool = True
+        self,
+        exporter: OtlpExporter,
+        *,
+        sample_ratio: float = 1.0,
+        traces: bool = True,
+        metrics: bool = True,
+        capture_content: bool = False,
     ) -> None:
         self.exporter = exporter
         self.traces = traces
+        self.capture = capture_content and traces
         self.genai = GenAiMetrics() if metrics else None
         if metrics:
             exporter.metrics_source = self.genai
@@ -220,6 +236,11 @@ class Tracer:
 
     def start(self, headers: Mapping[str, str]) -> RequestTrace:
         """The trace of a request that just arrived: the caller's (``traceparent``/``tracestate``) or a new one."""
+        trace = self._start(headers)
+        trace.capture = self.capture and trace.sampled
+        return trace
+
+    def _start(self, headers: Mapping[str, str]) -> RequestTrace:
         parent = parse_traceparent(headers.get("traceparent"))
         if parent is not None:
             trace_id, parent_id, flags = parent
@@ -344,6 +365,10 @@ class Tracer:
         attributes["messages_gateway.attempt"] = n + 1
         if attempt.status:
             attributes["http.response.status_code"] = attempt.status
+        if trace.inputs:  # (capture_content) what every attempt was sent
+            attributes.update(trace.inputs)
+        if not error_type and serving and trace.output is not None:
+            attributes["gen_ai.output.messages"] = trace.output.attribute()
         if not error_type and serving:  # the attempt that answered: the answer is its
             self._answer(attributes, f)
             if f.upstream_wait is not None:

@@ -316,12 +316,15 @@ async def stream_body(opened: OpenStream, metrics: Metrics, tally: UsageTally) -
     context = tally.context
     outcome: str | None = None  # set when the stream ends; still None if the client went away first
     batch: Batch | None = opened.first
+    output = context.trace.output if context.trace is not None else None  # (capture_content) the answer's text
     try:
         while batch is not None:
             sent, failure = _check(batch, validator, metrics, provider)
             if failure:
                 outcome = Outcome.INVALID_STREAM
             _track(batch.views, sent, tally, metrics, provider)
+            if output is not None:
+                output.feed(batch.datas[:sent])
             if validator.state >= State.DONE:
                 context.last_chunk = True  # the client's response can end with this chunk
                 if outcome is None:
@@ -513,6 +516,9 @@ async def complete(
         raise UpstreamStatusError(
             502, "api_error", f"provider {tally.provider!r} {NOT_JSON}", request_id=reply.request_id
         ) from None
+    trace = tally.context.trace
+    if trace is not None and trace.output is not None:  # (telemetry.otlp.capture_content) the answer, for the span
+        trace.output.message(reply.body)
     usage = answer.usage
     if usage is not None:
         tally.usage = usage_of(usage)

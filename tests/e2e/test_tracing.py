@@ -10,9 +10,11 @@ that outcome; an export that fails is counted and never felt; no prompt text, no
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -196,9 +198,11 @@ def test_a_failover_is_two_client_spans_the_first_failed(fake: FakeClaudeAPI, co
 
 def test_a_stream_that_breaks_ends_its_spans_with_the_error(fake: FakeClaudeAPI, collector: OtlpCollector) -> None:
     with run_gateway(config(collector, fake.base_url)) as gw:
-        with pytest.raises(anthropic.APIStatusError):
-            with client(gw).messages.stream(model="fake-error-midstream", **KW) as stream:
-                stream.get_final_message()
+        with (
+            pytest.raises(anthropic.APIStatusError),
+            client(gw).messages.stream(model="fake-error-midstream", **KW) as stream,
+        ):
+            stream.get_final_message()
         spans = one_trace(collector, 2)
     (server,) = by_kind(spans, "SERVER")
     (upstream,) = by_kind(spans, "CLIENT")
@@ -272,12 +276,31 @@ def test_genai_metrics_with_the_conventions_buckets(fake: FakeClaudeAPI, collect
     latest: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
     for point in points:  # cumulative: the last point of a series is its total
         latest[(point.name, tuple(sorted(point.attributes.items())))] = point
-    tokens = {p.attributes["gen_ai.token.type"]: p for (name, _), p in latest.items() if name == "gen_ai.client.token.usage"}
-    inputs = sum(u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0) for u in usages)
+    tokens = {
+        p.attributes["gen_ai.token.type"]: p for (name, _), p in latest.items() if name == "gen_ai.client.token.usage"
+    }
+    inputs = sum(
+        u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0) for u in usages
+    )
     assert tokens["input"].sum == inputs and tokens["output"].sum == sum(u.output_tokens for u in usages)
     assert tokens["input"].count == 3 and tokens["input"].temporality == "CUMULATIVE"
     assert tokens["input"].unit == "{token}"
-    assert tokens["input"].bounds == [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864]
+    assert tokens["input"].bounds == [
+        1,
+        4,
+        16,
+        64,
+        256,
+        1024,
+        4096,
+        16384,
+        65536,
+        262144,
+        1048576,
+        4194304,
+        16777216,
+        67108864,
+    ]
     assert tokens["input"].attributes["gen_ai.provider.name"] == "anthropic"
     assert tokens["input"].attributes["server.address"] == "127.0.0.1"
     names = {name for name, _ in latest}
@@ -302,8 +325,10 @@ def test_an_unsampled_caller_gets_no_spans_but_its_context_goes_upstream(
         client(gw).messages.create(model="fake-text", **KW)  # a sampled one after it: the export works
         spans = one_trace(collector, 2)
     assert {s.trace_id for s in spans} != {CLIENT_TRACE} and all(s.trace_id != CLIENT_TRACE for s in spans)
-    first = [r for r in fake.requests if r.path == "/v1/messages"][0]
-    assert first.headers["traceparent"].startswith(f"00-{CLIENT_TRACE}-") and first.headers["traceparent"].endswith("-00")
+    first = next(r for r in fake.requests if r.path == "/v1/messages")
+    assert first.headers["traceparent"].startswith(f"00-{CLIENT_TRACE}-") and first.headers["traceparent"].endswith(
+        "-00"
+    )
 
 
 def test_an_export_that_fails_is_counted_and_never_felt(fake: FakeClaudeAPI, collector: OtlpCollector) -> None:
@@ -353,3 +378,83 @@ def test_spans_leave_while_a_long_stream_runs(fake: FakeClaudeAPI, collector: Ot
         assert all(s.attributes.get("gen_ai.request.model") == "fake-text" for s in spans)
         done.set()
         thread.join(30)
+
+
+@pytest.mark.long
+def test_a_78s_traced_stream_on_the_default_schedule(
+    serve: Any, tmp_path: Path, fake: FakeClaudeAPI, collector: OtlpCollector
+) -> None:
+    """Every export timer at its default (``schedule_delay_s`` 5 s, ``timeout_s`` 10 s, ``metrics_interval_s``
+    60 s), the gateway served as users run it: a 78 s stream outlives them all and is one SERVER and one CLIENT
+    span as long as itself; a short request made meanwhile is exported on the 5 s schedule, not held for the long
+    one; the GenAI metrics leave on their 60 s interval while the stream runs, and the stream's own at shutdown."""
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        f"""
+auth: {{open: true}}
+telemetry: {{otlp: {{endpoint: "{collector.http_endpoint}"}}}}
+providers: {{c1: {{kind: anthropic, api_key: {PROVIDER_KEY}, base_url: "{fake.base_url}"}}}}
+models: {{"*": {{targets: [{{provider: c1}}]}}}}
+"""
+    )
+    served = serve(path)
+    sdk = anthropic.Anthropic(base_url=served.url, api_key="k", max_retries=0, timeout=300)
+    result: dict[str, Any] = {}
+
+    def long_stream() -> None:
+        with sdk.messages.stream(model="fake-slow-d26-i3000", **KW) as stream:  # 26 deltas 3 s apart: 78 s
+            result["message"] = stream.get_final_message()
+
+    thread = threading.Thread(target=long_stream, daemon=True)
+    started = time.monotonic()
+    thread.start()
+    time.sleep(2)
+    sdk.messages.create(model="fake-text", **KW)
+    short = collector.wait_spans(lambda spans: len(spans) >= 2, timeout=15)  # within the 5 s schedule
+    assert time.monotonic() - started < 20 and {s.attributes["gen_ai.request.model"] for s in short} == {"fake-text"}
+    collector.wait_metrics(lambda points: any(p.name == "gen_ai.server.request.duration" for p in points), timeout=75)
+    thread.join(120)
+    assert time.monotonic() - started >= 78 and "message" in result
+    spans = collector.wait_spans(lambda spans: len(spans) >= 4, timeout=15)
+    long_ones = [s for s in spans if s.attributes["gen_ai.request.model"] == "fake-slow-d26-i3000"]
+    assert sorted(s.kind for s in long_ones) == ["CLIENT", "SERVER"]
+    for span in long_ones:
+        assert (span.end_ns - span.start_ns) / 1e9 >= 75 and "error.type" not in span.attributes
+        check_usage(span, result["message"].usage)
+    served.proc.terminate()  # the shutdown sends the metrics as they stand: the long stream's duration among them
+    served.proc.wait(20)
+    durations = [p for p in collector.metrics() if p.name == "gen_ai.server.request.duration"]
+    assert durations[-1].count == 2 and durations[-1].max >= 75
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_content_only_when_opted_in_and_never_a_key(
+    fake: FakeClaudeAPI, collector: OtlpCollector, stream: bool
+) -> None:
+    """``capture_content: true``: the convention's opt-in attributes, in its message shapes, on the CLIENT span."""
+    extra = "    capture_content: true"
+    kw = {**KW, "system": "You are terse."}
+    with run_gateway(config(collector, fake.base_url, extra=extra)) as gw:
+        sdk = client(gw)
+        if stream:
+            with sdk.messages.stream(model="fake-tools", **kw) as answer:
+                message = answer.get_final_message()
+        else:
+            message = sdk.messages.create(model="fake-tools", **kw)
+        spans = one_trace(collector, 2)
+    (server,) = by_kind(spans, "SERVER")
+    (upstream,) = by_kind(spans, "CLIENT")
+    a = upstream.attributes
+    assert json.loads(a["gen_ai.system_instructions"]) == [{"type": "text", "content": "You are terse."}]
+    assert json.loads(a["gen_ai.input.messages"]) == [{"role": "user", "parts": [{"type": "text", "content": PROMPT}]}]
+    (output,) = json.loads(a["gen_ai.output.messages"])
+    assert output["role"] == "assistant" and output["finish_reason"] == message.stop_reason == "tool_use"
+    want: list[dict[str, Any]] = []
+    for block in message.content:
+        if block.type == "text":
+            want.append({"type": "text", "content": block.text})
+        elif block.type == "tool_use":
+            want.append({"type": "tool_call", "id": block.id, "name": block.name, "arguments": block.input})
+    assert output["parts"] == want
+    assert "gen_ai.input.messages" not in server.attributes  # the inference span carries it, once
+    assert PROVIDER_KEY not in repr([(s.attributes, s.resource) for s in spans])

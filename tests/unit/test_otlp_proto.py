@@ -44,6 +44,7 @@ from gateway.observability.otlp_proto import (
     TEMPORALITY_CUMULATIVE,
     TEMPORALITY_DELTA,
     Attributes,
+    AttrValue,
     Histogram,
     HistogramPoint,
     SpanRecord,
@@ -278,13 +279,24 @@ def test_histogram_decodes_field_by_field() -> None:
     assert attributes_of(resource_metrics.resource.attributes) == [("service.name", "gw", "string_value")]
     assert resource_metrics.schema_url == SCHEMA_URL
     scope_metrics = resource_metrics.scope_metrics[0]
-    assert (scope_metrics.scope.name, scope_metrics.scope.version, scope_metrics.schema_url) == ("gw", "0.1.0", SCHEMA_URL)
+    assert (scope_metrics.scope.name, scope_metrics.scope.version, scope_metrics.schema_url) == (
+        "gw",
+        "0.1.0",
+        SCHEMA_URL,
+    )
     duration, idle = scope_metrics.metrics
-    assert (duration.name, duration.description, duration.unit) == ("gateway.request.duration", "Time of a request", "s")
+    assert (duration.name, duration.description, duration.unit) == (
+        "gateway.request.duration",
+        "Time of a request",
+        "s",
+    )
     assert duration.WhichOneof("data") == "histogram"
     assert duration.histogram.aggregation_temporality == metrics_pb2.AGGREGATION_TEMPORALITY_DELTA
     first, second = duration.histogram.data_points
-    assert attributes_of(first.attributes) == [("gateway.alias", "sonnet", "string_value"), ("stream", True, "bool_value")]
+    assert attributes_of(first.attributes) == [
+        ("gateway.alias", "sonnet", "string_value"),
+        ("stream", True, "bool_value"),
+    ]
     assert first.start_time_unix_nano == 1_700_000_000_000_000_000
     assert first.time_unix_nano == 1_700_000_060_000_000_000
     assert first.count == 7
@@ -370,9 +382,7 @@ def sdk_span(record: SpanRecord, resource: Resource, scope: InstrumentationScope
     )
     parent = None
     if record.parent_span_id:
-        parent = SpanContext(
-            trace_id, int.from_bytes(record.parent_span_id, "big"), is_remote=record.parent_is_remote
-        )
+        parent = SpanContext(trace_id, int.from_bytes(record.parent_span_id, "big"), is_remote=record.parent_is_remote)
     return ReadableSpan(
         name=record.name,
         context=context,
@@ -419,11 +429,13 @@ def test_traces_are_the_sdks(
 
 def test_the_deterministic_spans_are_the_sdks_byte_for_byte() -> None:
     """Beyond message equality: the fields in field-number order, as protobuf writes them."""
-    root = SpanRecord(TRACE_ID, ROOT_ID, b"", "congo=t61rcWkgMzE", "messages sonnet", SPAN_KIND_SERVER, 10, 20, ALL_KINDS)
+    root = SpanRecord(
+        TRACE_ID, ROOT_ID, b"", "congo=t61rcWkgMzE", "messages sonnet", SPAN_KIND_SERVER, 10, 20, ALL_KINDS
+    )
     child = SpanRecord(
         TRACE_ID, CHILD_ID, ROOT_ID, "", "upstream", SPAN_KIND_CLIENT, 11, 19, {"a": 1}, STATUS_ERROR, "boom", 1, True
     )
-    resource = {"service.name": "messages-gateway", "tags": ("a", "b")}
+    resource: dict[str, AttrValue] = {"service.name": "messages-gateway", "tags": ("a", "b")}
     body = encode_traces(resource, "gw", "1", [root, child], SCHEMA_URL)
     assert body == sdk_traces(resource, "gw", "1", [root, child], SCHEMA_URL).SerializeToString(deterministic=True)
 
@@ -501,7 +513,11 @@ def sdk_metrics(
         for metric in metrics
     ]
     data = MetricsData(
-        [SdkResourceMetrics(Resource(resource, schema_url), [SdkScopeMetrics(scope, sdk_histograms, schema_url)], schema_url)]
+        [
+            SdkResourceMetrics(
+                Resource(resource, schema_url), [SdkScopeMetrics(scope, sdk_histograms, schema_url)], schema_url
+            )
+        ]
     )
     return sdk_encode_metrics(data)
 
