@@ -48,7 +48,7 @@ def _json_answer(obj: object) -> bytes:
 
 
 class _Protocol(asyncio.Protocol):
-    __slots__ = ("_size", "_parser", "_url", "transport")
+    __slots__ = ("_parser", "_size", "_url", "transport")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None

@@ -3,8 +3,9 @@
 The fake upstream (:mod:`bench.upstream`) and this process (the load generator, :mod:`bench.loadgen`)
 run pinned to one core, the gateway to the other (``taskset``). Every scenario runs the same load
 twice, first straight at the upstream, then through the gateway (and, with ``--litellm``, through
-LiteLLM's proxy), and reports both with their ratio, the gateway's CPU per stream / request / event
-(utime + stime of its process tree from ``/proc``), its peak RSS, and the upstream's own CPU per
+LiteLLM's proxy; with ``--tracing``, through a second gateway process exporting its OpenTelemetry spans
+to :mod:`bench.otlp_sink`), and reports both with their ratio, the gateway's CPU per stream / request /
+event (utime + stime of its process tree from ``/proc``), its peak RSS, and the upstream's own CPU per
 request. Results go to ``bench/results/<timestamp>.{json,md}``. See ``bench/README.md``.
 """
 
@@ -283,6 +284,15 @@ def gateway_config(port: int, upstream_port: int, store: str = "off", limits: st
     )
 
 
+TRACED = "gateway-traced"  # the second gateway process of --tracing: the same config plus telemetry.otlp
+
+
+def tracing_yaml(sink_port: int) -> str:
+    """``telemetry.otlp`` to the sink, everything else at its default (sample_ratio 1.0: every request traced;
+    a batch leaves every max_batch 512 spans or schedule_delay_s 5 s; the GenAI histograms every 60 s)."""
+    return f'telemetry:\n  otlp:\n    endpoint: "http://{HOST}:{sink_port}"\n    protocol: http/protobuf\n'
+
+
 def gateway_argv(config: Path, port: int, workers: int, profile: Path | None = None) -> list[str]:
     """``profile``: run the gateway under cProfile, its stats written there when it stops (one worker)."""
     exe = Path(sys.executable).parent / "messages-gateway"
@@ -333,6 +343,8 @@ class System:
     suts: dict[str, tuple[Proc, Target]] = field(default_factory=dict)  # gateway, litellm
     restart: dict[str, Callable[[], Awaitable[None]]] = field(default_factory=dict)
     crashes: list[dict[str, str]] = field(default_factory=list)
+    load_extra: list[Proc] = field(default_factory=list)  # more of ours on the load core (the OTLP sink)
+    sink_port: int | None = None  # the OTLP sink (--tracing)
 
     def direct(self) -> Target:
         return Target("direct", HOST, self.upstream_port)
@@ -400,6 +412,7 @@ async def measure(
         snap: dict[str, Any] = {
             "t": time.perf_counter(),
             "upstream_cpu": up.cpu(),
+            "extra_load_cpu": sum(p.cpu() for p in system.load_extra if p.alive()),
             "cores": procstat.core_busy_seconds(),
         }
         if sut is not None:
@@ -410,15 +423,19 @@ async def measure(
             snap |= {"upstream_requests": stats["requests"], "upstream_connections": stats["connections"]}
         except (OSError, ConnectionError, TimeoutError, ValueError, KeyError):
             pass
+        if target_name == TRACED and system.sink_port is not None:
+            snap["sink"] = await sink_counts(system.sink_port)
         return snap
 
     before_kb = peak_reset = None
     if sut is not None:
         before_kb = sut.rss().rss_kb
         peak_reset = procstat.reset_peak(sut.pids(max_age=0.0))
+    otlp_before = await otlp_counters(target.port) if target_name == TRACED else None  # outside the window
     sampler = RssSampler(sut, rss_interval) if sut is not None else None
     with sampler or contextlib.nullcontext():
         result = await run_phase(target, load, on_window_start=snapshot, on_window_end=snapshot)
+    otlp_after = await otlp_counters(target.port) if target_name == TRACED else None
     out = result.summary()
     start, end = result.hooks["start"], result.hooks["end"]
     window = result.window_s or 1e-9
@@ -433,7 +450,8 @@ async def measure(
     # Everything else that ran on the two cores in the window (another benchmark, a test run…): if it is
     # more than a few %, the figures of this phase are not to be trusted.
     cores = {c: end["cores"].get(c, 0.0) - start["cores"].get(c, 0.0) for c in start["cores"]}
-    ours = {system.load_cpu: up_cpu + result.load_cpu_s}
+    extra_cpu = end["extra_load_cpu"] - start["extra_load_cpu"]
+    ours = {system.load_cpu: up_cpu + result.load_cpu_s + extra_cpu}
     if sut is not None:
         ours[system.sut_cpu] = ours.get(system.sut_cpu, 0.0) + end["sut_cpu"] - start["sut_cpu"]
     foreign = {c: max(0.0, cores.get(c, 0.0) - ours.get(c, 0.0)) for c in (system.sut_cpu, system.load_cpu)}
@@ -453,6 +471,53 @@ async def measure(
             "rss_peak_mb": _mb(max(sampler.peak_kb, hwm_kb or 0)),
             "alive_after": sut.alive(),
         }
+    if target_name == TRACED:
+        out["tracing"] = _tracing_phase(start.get("sink"), end.get("sink"), otlp_before, otlp_after, extra_cpu)
+    return out
+
+
+async def sink_counts(port: int) -> dict[str, Any] | None:
+    """The OTLP sink's counts (``GET /counts``), or None when it does not answer."""
+    try:
+        counts: dict[str, Any] = json.loads(await http_get(port, "/counts", limit_s=2.0))
+        return counts
+    except (OSError, ConnectionError, TimeoutError, ValueError):
+        return None
+
+
+async def otlp_counters(port: int) -> dict[str, float]:
+    """The gateway's ``gateway_otlp_*`` series (``name{labels}`` → value) from its ``/metrics``."""
+    try:
+        text = (await http_get(port, "/metrics", limit_s=5.0)).decode()
+    except (OSError, ConnectionError, TimeoutError):
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("gateway_otlp_") and not line.startswith("gateway_otlp_queue"):
+            name, _, value = line.rpartition(" ")
+            with contextlib.suppress(ValueError):
+                out[name] = float(value)
+    return out
+
+
+def _tracing_phase(
+    sink0: dict[str, Any] | None,
+    sink1: dict[str, Any] | None,
+    before: dict[str, float] | None,
+    after: dict[str, float] | None,
+    sink_cpu: float,
+) -> dict[str, Any]:
+    """What the traced gateway exported in a phase: the sink's POSTs and bytes in the measured window, and the
+    gateway's own span counters over the whole phase (warm-up, window and drain; read outside the window)."""
+    out: dict[str, Any] = {"sink_cpu_s": round(sink_cpu, 3)}
+    if sink0 and sink1:
+        for kind in ("traces", "metrics"):
+            out[f"sink_{kind}_posts"] = sink1[kind]["requests"] - sink0[kind]["requests"]
+            out[f"sink_{kind}_bytes"] = sink1[kind]["bytes"] - sink0[kind]["bytes"]
+    if before is not None and after is not None:
+        for outcome in ("exported", "dropped", "failed"):
+            key = f'gateway_otlp_spans_total{{outcome="{outcome}"}}'
+            out[f"spans_{outcome}"] = int(after.get(key, 0.0) - before.get(key, 0.0))
     return out
 
 
@@ -493,11 +558,19 @@ def _floor_runs(s: Scenario) -> bool:
     return s.kind in ("burst", "paced", "json", "ttft") and s.shape == "messages" and not s.model.startswith("bedrock")
 
 
+def _tracing_runs(s: Scenario) -> bool:
+    """The traced gateway (``--tracing``) runs every scenario but the soak (the plain gateway's RSS over time)."""
+    return s.kind != "soak"
+
+
 def _targets(system: System, s: Scenario) -> list[str]:
     return [
         name
         for name in system.suts
-        if name == "gateway" or (name == "litellm" and s.litellm) or (name == "floor" and _floor_runs(s))
+        if name == "gateway"
+        or (name == "litellm" and s.litellm)
+        or (name == "floor" and _floor_runs(s))
+        or (name == TRACED and _tracing_runs(s))
     ]
 
 
@@ -549,6 +622,9 @@ async def _run_ttft(system: System, s: Scenario, opts: Options) -> dict[str, Any
         merged["foreign_busy_pct"] = {
             c: round(sum(r["foreign_busy_pct"].get(c, 0.0) * r["window_s"] for r in runs) / window, 1) for c in cores
         }
+        if name == TRACED:  # the sink's and the gateway's counts, summed over the repeats
+            keys = {k for r in runs for k in r.get("tracing", {})}
+            merged["tracing"] = {k: round(sum(r.get("tracing", {}).get(k, 0) for r in runs), 3) for k in keys}
         if name != "direct":
             cpu = sum(r["cpu_s"] for r in runs)
             merged |= {
@@ -726,6 +802,85 @@ def _floor_table(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def tracing_versus(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """The gateway's CPU per unit with tracing off (``gateway``) and on (``gateway-traced``) in the same run:
+    ``{"unit", "off_us", "on_us", "difference_us", "ratio", "rps_off", "rps_on", "exported": {…}}``."""
+    phases = entry["phases"]
+    if TRACED not in phases or "gateway" not in phases:
+        return None
+    off, on = phases["gateway"], phases[TRACED]
+    if entry["per"] == "event":
+        unit, a, b = "event", off.get("cpu_us_per_event"), on.get("cpu_us_per_event")
+    else:
+        ms_off, ms_on = off.get("cpu_ms_per_request"), on.get("cpu_ms_per_request")
+        unit = entry["per"]
+        a = None if ms_off is None else round(ms_off * 1e3, 1)
+        b = None if ms_on is None else round(ms_on * 1e3, 1)
+    return {
+        "unit": unit,
+        "off_us": a,
+        "on_us": b,
+        "difference_us": round(b - a, 1) if a is not None and b is not None else None,
+        "ratio": round(b / a, 3) if a and b is not None else None,
+        "rps_off": off.get("rps"),
+        "rps_on": on.get("rps"),
+        "errors_off": off.get("errors"),
+        "errors_on": on.get("errors"),
+        "exported": on.get("tracing", {}),
+    }
+
+
+def _tracing_table(report: dict[str, Any]) -> list[str]:
+    results = report["results"]
+    tr = report.get("tracing", {})
+    lines = [
+        "## Tracing: on vs off (same run)",
+        "",
+        f"`{TRACED}`: a second gateway process (same config, same core, fresh) with `telemetry.otlp` "
+        f"(`http/protobuf` to `bench/otlp_sink.py` on the load core; every request traced, batches of 512 spans or "
+        f"every 5 s), measured right after the plain gateway in each scenario. Off / on: the gateway process tree's "
+        f"CPU per unit; difference = on - off. Sink: its `POST /v1/traces` (and bytes) received in the measured "
+        f"window; spans: the traced gateway's `gateway_otlp_spans_total` over the phase (warm-up to drain).",
+        "",
+        "| scenario | per | off µs | on µs | difference µs | on / off | req/s off / on | sink traces POSTs "
+        "(KB) in window | spans exported / dropped / failed | errors off / on |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for entry in results:
+        v = entry.get("tracing")
+        if not v:
+            continue
+        x = v["exported"]
+        kb = x.get("sink_traces_bytes")
+        ratio = f"{v['ratio']:.3f}x" if v["ratio"] else "—"
+        lines.append(
+            f"| {entry['scenario']} | {v['unit']} | {_fmt(v['off_us'])} | {_fmt(v['on_us'])} "
+            f"| {_fmt(v['difference_us'])} | {ratio} "
+            f"| {_fmt(v['rps_off'])} / {_fmt(v['rps_on'])} "
+            f"| {_fmt(x.get('sink_traces_posts'))} ({_fmt(kb / 1024 if kb is not None else None, digits=0)}) "
+            f"| {_fmt(x.get('spans_exported'))} / {_fmt(x.get('spans_dropped'))} / {_fmt(x.get('spans_failed'))} "
+            f"| {v['errors_off']} / {v['errors_on']} |"
+        )
+    end = tr.get("sink_at_end") or {}
+    if end:
+        t, m = end.get("traces", {}), end.get("metrics", {})
+        lines += [
+            "",
+            f"The sink over the whole run (after the traced gateway stopped and flushed): `/v1/traces` "
+            f"{_fmt(t.get('requests'))} POSTs, {_fmt(t.get('bytes'))} bytes; `/v1/metrics` "
+            f"{_fmt(m.get('requests'))} POSTs, {_fmt(m.get('bytes'))} bytes; {_fmt(end.get('connections'))} "
+            f"connections; its CPU {_fmt(end.get('process_time'), ' s', 2)}.",
+        ]
+    if tr.get("counters"):
+        lines += ["", "The traced gateway's OTLP counters at the end (before it stopped):", "", "```"]
+        lines += [*tr["counters"], "```"]
+    if tr.get("log_problems"):
+        lines += ["", f"Problems in its log (`{tr.get('log')}`):", "", "```", *tr["log_problems"], "```"]
+    if tr.get("error"):
+        lines += ["", f"Tracing did not run: {tr['error']}"]
+    return lines
+
+
 def _busy(phase: dict[str, Any]) -> str:
     busy = _fmt(phase.get("core_busy_pct"), "%", 0)
     kernel = phase.get("kernel_pct_of_cpu")
@@ -836,6 +991,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             )
     if any("floor" in entry["phases"] for entry in results):
         out += ["", *_floor_table(results)]
+    if "tracing" in report:
+        out += ["", *_tracing_table(report)]
     if "litellm" in report:
         out += ["", "## LiteLLM proxy vs direct (same load)", ""]
         lt = report["litellm"]
@@ -890,7 +1047,13 @@ async def gateway_counters(port: int) -> list[str]:
         text = (await http_get(port, "/metrics")).decode()
     except (OSError, ConnectionError, TimeoutError) as exc:
         return [f"(metrics unavailable: {exc})"]
-    keep = ("gateway_requests_total{", "gateway_upstream_errors_total{", "gateway_stream_violations_total{")
+    keep = (
+        "gateway_requests_total{",
+        "gateway_upstream_errors_total{",
+        "gateway_stream_violations_total{",
+        "gateway_otlp_spans_total{",
+        "gateway_otlp_exports_total{",
+    )
     return [line for line in text.splitlines() if line.startswith(keep)]
 
 
@@ -907,7 +1070,8 @@ def _raise_nofile(target: int = 65536) -> None:
 def _concurrent(procs: list[Proc]) -> list[str]:
     mine = procstat.ancestors(os.getpid()) | {pid for proc in procs if proc.alive() for pid in proc.pids(max_age=0.0)}
     return procstat.others_like(
-        ("bench.run", "bench.upstream", "bench.floor", "messages-gateway serve", "litellm --config"), mine
+        ("bench.run", "bench.upstream", "bench.floor", "bench.otlp_sink", "messages-gateway serve", "litellm --config"),
+        mine,
     )
 
 
@@ -925,6 +1089,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--floor",
         action="store_true",
         help="also run burst/paced/json/ttft through a bare Python pass-through (bench/floor.py) on the gateway's core",
+    )
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also run every scenario but the soak through a second gateway with telemetry.otlp on (every request "
+        "traced, exported to bench/otlp_sink.py): its CPU per request against the plain gateway's, same run",
     )
     parser.add_argument("--upstream-client", choices=("aiohttp", "h1", "httpx", "httpx-aiohttp"), default=None)
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (--workers)")
@@ -983,6 +1153,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         litellm=args.litellm,
     )
     floor_requested = args.floor and any(_floor_runs(s) for s in scenarios)
+    tracing_requested = args.tracing and any(_tracing_runs(s) for s in scenarios)
     cores = os.cpu_count() or 1
     pin = cores >= 2 and not args.no_pin
     load_cpu, gw_cpu = (args.load_cpu, args.gateway_cpu) if pin else (None, None)
@@ -1008,6 +1179,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "scenarios": [s.name for s in scenarios],
             "store": args.store,
             "limits": args.limits,
+            "tracing": tracing_requested,
             "logs": str(work),
         },
         "results": [],
@@ -1045,6 +1217,65 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         gateway.start()
         await wait_ready(gateway, gw_port, "/healthz", 60.0)
 
+    # --tracing: the OTLP sink on the load core, and a second gateway (same config + telemetry.otlp) on the
+    # gateway's core, started once here and restarted with the gateway before fresh scenarios.
+    traced: Proc | None = None
+    tr_port = _free_port() if tracing_requested else 0
+    tracing: dict[str, Any] = {}
+
+    async def start_traced() -> None:
+        assert traced is not None
+        traced.start()
+        await wait_ready(traced, tr_port, "/healthz", 60.0)
+
+    async def start_tracing() -> None:
+        nonlocal traced
+        sink_port = _free_port()
+        sink = Proc(
+            "otlp-sink",
+            [sys.executable, "-m", "bench.otlp_sink", "--port", str(sink_port)],
+            work / "otlp-sink.log",
+            cpu=load_cpu,
+            env=child_env(),
+        )
+        procs.append(sink)
+        sink.start()
+        await wait_ready(sink, sink_port, "/healthz", 30.0)
+        system.load_extra.append(sink)
+        system.sink_port = sink_port
+        traced_config = work / "gateway-traced.yaml"
+        telemetry = tracing_yaml(sink_port)
+        traced_config.write_text(gateway_config(tr_port, up_port, store, args.limits) + telemetry)
+        traced = Proc(
+            TRACED,
+            gateway_argv(traced_config, tr_port, args.workers),
+            work / "gateway-traced.log",
+            cpu=gw_cpu,
+            env=child_env({"MESSAGES_GATEWAY_UPSTREAM_CLIENT": client}),
+        )
+        procs.append(traced)
+        tracing.update(
+            {
+                "config": telemetry,
+                "sink_port": sink_port,
+                "port": tr_port,
+                "log": str(traced.log),
+                "sink_log": str(sink.log),
+            }
+        )
+        report["tracing"] = tracing
+        await start_traced()
+        # the plain gateway first, then the traced one, in every scenario's phases
+        suts = dict(system.suts)
+        system.suts.clear()
+        system.suts["gateway"] = suts.pop("gateway")
+        system.suts[TRACED] = (traced, Target(TRACED, HOST, tr_port))
+        system.suts.update(suts)
+        system.restart[TRACED] = start_traced
+        await asyncio.sleep(0.5)
+        tracing["idle_rss_mb"] = _mb(traced.rss().rss_kb)
+        print(f"[bench] otlp sink :{sink_port} (pid {sink.pid}), gateway with tracing :{tr_port} (pid {traced.pid})")
+
     try:
         upstream.start()
         await wait_ready(upstream, up_port, "/healthz", 30.0)
@@ -1058,6 +1289,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print("[bench] WARNING: another benchmark or gateway is running; figures will be disturbed:")
             print("\n".join(f"[bench]   {c}" for c in sorted(concurrent)))
         print(f"[bench] upstream :{up_port} (pid {upstream.pid}), gateway :{gw_port} (pid {gateway.pid}); logs {work}")
+        if tracing_requested:
+            await start_tracing()
         if floor_requested:
             fl_port = _free_port()
             floor = Proc(
@@ -1096,10 +1329,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 counters.append({"until": s.name, "lines": await gateway_counters(gw_port)})
                 gateway.stop()
                 await start_gateway()
+                if traced is not None and _tracing_runs(s):
+                    traced.stop()
+                    await start_traced()
                 await asyncio.sleep(0.5)
             entry = await run_scenario(system, s, opts)
             if s.compare:
                 entry["cpu_vs"] = cpu_versus(entry, report["results"], s)
+            versus_tracing = tracing_versus(entry)
+            if versus_tracing is not None:
+                entry["tracing"] = versus_tracing
             report["results"].append(entry)
             for name in entry["phases"]:
                 if name == "direct":
@@ -1107,6 +1346,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 metric, dv, gv, ratio, cpu, added = _headline(entry, name)
                 errs = "/".join(str(entry["phases"][n]["errors"]) for n in entry["phases"])
                 versus = _versus(entry) if name == "gateway" else ""
+                if name == TRACED and entry.get("tracing"):
+                    v = entry["tracing"]
+                    versus = (
+                        f"tracing on vs off {_fmt(v['on_us'])} / {_fmt(v['off_us'])} µs per {v['unit']} "
+                        f"(+{_fmt(v['difference_us'])} µs), spans exported {v['exported'].get('spans_exported')}"
+                    )
                 print(
                     f"[bench]   {name}: {metric} direct {_fmt(dv)} vs {_fmt(gv)} (ratio {ratio}), CPU {cpu}, "
                     f"{versus + ', ' if versus else ''}added TTFT {added}, errors {errs}  "
@@ -1121,6 +1366,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         report["gateway_log_problems"] = [
             line for line in gateway.log_tail(400).splitlines() if re.search(r"ERROR|Traceback|Exception", line)
         ][:20]
+        if traced is not None:
+            tracing["counters"] = [
+                line for line in await gateway_counters(tr_port) if line.startswith("gateway_otlp_")
+            ] or ["(no gateway_otlp_* series in its /metrics)"]
+            tracing["alive_at_end"] = traced.alive()
+            traced.stop()  # SIGTERM: it sends what is still queued (and its histograms) before it exits
+            assert system.sink_port is not None
+            tracing["sink_at_end"] = await sink_counts(system.sink_port)
+            tracing["log_problems"] = [
+                line
+                for line in traced.log_tail(400).splitlines()
+                if re.search(r"ERROR|WARNING|Traceback|Exception|otlp", line)
+            ][:20]
     finally:
         for proc in reversed(procs):
             proc.stop()

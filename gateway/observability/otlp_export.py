@@ -374,7 +374,12 @@ class OtlpExporter:
             batch.append(queue.popleft())
         self._counters.queue.set(len(queue))
         body = encode_traces(self.config.resource, SCOPE, _version(), batch)
-        if await self._send("traces", body):
+        try:
+            sent = await self._send("traces", body)
+        except asyncio.CancelledError:  # the shutdown's time ran out with the batch in flight: counted, not lost
+            self._dropped.inc(len(batch))
+            raise
+        if sent:
             self._exported.inc(len(batch))
         else:
             self._failed.inc(len(batch))
