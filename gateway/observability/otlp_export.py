@@ -373,7 +373,12 @@ class OtlpExporter:
         for _ in range(min(len(queue), self.config.max_batch)):
             batch.append(queue.popleft())
         self._counters.queue.set(len(queue))
-        body = encode_traces(self.config.resource, SCOPE, _version(), batch)
+        try:
+            body = encode_traces(self.config.resource, SCOPE, _version(), batch)
+        except (TypeError, ValueError) as exc:  # an attribute OTLP cannot carry (a bug): the batch is counted failed
+            self._failed.inc(len(batch))
+            self._report("traces", f"a span could not be encoded: {exc}")
+            return
         try:
             sent = await self._send("traces", body)
         except asyncio.CancelledError:  # the shutdown's time ran out with the batch in flight: counted, not lost

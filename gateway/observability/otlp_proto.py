@@ -6,7 +6,8 @@ at ~26 µs per span. This module writes the protobuf wire format directly from p
 ``google.protobuf``, no ``opentelemetry``), sans-IO (bytes in memory, nothing sent), for the subset of OTLP the
 gateway emits — spans without events or links, explicit-bucket histograms, attributes whose values are str, bool,
 int, float or a sequence of str. ``tests/unit/test_otlp_proto.py`` decodes its output with the ``opentelemetry-proto``
-messages and compares it with what the SDK's own encoder makes of the same spans and histograms.
+messages and compares it with what the SDK's own encoder makes of the same spans and histograms (equal messages,
+and the same bytes). For a span of 25 attributes it takes about a sixth of the SDK encoder's time (timeit, by hand).
 
 What it mirrors of the SDK's encoder (so the two decode to equal messages):
 

@@ -2,7 +2,7 @@
 at its default, and a healthy exchange outliving the ones that used to cut it.
 
 Each test takes 70-130 s, almost all of it waiting: they carry the ``long`` mark, and ``.ci/run`` runs them in
-parallel with the rest of the suite (``pytest -m long -n 8``; alone: ``.venv/bin/pytest -m long -n 8``; the main
+parallel with the rest of the suite (``pytest -m long -n 12``; alone: ``.venv/bin/pytest -m long -n 12``; the main
 run deselects them with ``-m "not long"``). The gateway is served as a process (``messages-gateway serve``: uvloop,
 the gateway's own HTTP protocol), as users run it; the configs set nothing but keys, providers, models and the
 ledger's file, so every timeout, interval and window is its default.
