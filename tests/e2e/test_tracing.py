@@ -462,3 +462,25 @@ def test_content_only_when_opted_in_and_never_a_key(
     assert output["parts"] == want
     assert "gen_ai.input.messages" not in server.attributes  # the inference span carries it, once
     assert PROVIDER_KEY not in repr([(s.attributes, s.resource) for s in spans])
+
+
+def test_a_bedrock_shaped_request_is_named_for_its_route(fake: FakeClaudeAPI, collector: OtlpCollector) -> None:
+    """A surface's SERVER span carries its route's template (never the model id in the path)."""
+    with run_gateway(config(collector, fake.base_url)) as gw:
+        resp = httpx.post(
+            f"{gw.url}/model/us.anthropic.fake-text-v1:0/invoke",
+            json={"anthropic_version": "bedrock-2023-05-31", "max_tokens": 64, "messages": KW["messages"]},
+            timeout=10,
+        )
+        assert resp.status_code == 200, resp.text
+        spans = one_trace(collector, 2)
+    (server,) = by_kind(spans, "SERVER")
+    (upstream,) = by_kind(spans, "CLIENT")
+    assert server.name == "POST /model/{modelId}/invoke"
+    assert server.attributes["http.route"] == "/model/{modelId}/invoke"
+    assert server.attributes["url.path"] == "/model/us.anthropic.fake-text-v1:0/invoke"
+    usage = resp.json()["usage"]
+    assert upstream.attributes["gen_ai.usage.output_tokens"] == usage["output_tokens"]
+    assert upstream.attributes["gen_ai.usage.input_tokens"] == usage["input_tokens"] + usage.get(
+        "cache_read_input_tokens", 0
+    ) + usage.get("cache_creation_input_tokens", 0)
