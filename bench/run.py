@@ -869,7 +869,8 @@ def _tracing_table(report: dict[str, Any]) -> list[str]:
             f"The sink over the whole run (after the traced gateway stopped and flushed): `/v1/traces` "
             f"{_fmt(t.get('requests'))} POSTs, {_fmt(t.get('bytes'))} bytes; `/v1/metrics` "
             f"{_fmt(m.get('requests'))} POSTs, {_fmt(m.get('bytes'))} bytes; {_fmt(end.get('connections'))} "
-            f"connections; its CPU {_fmt(end.get('process_time'), ' s', 2)}.",
+            f"connections (the runner's probes of `/counts` and `/healthz` included); "
+            f"its CPU {_fmt(end.get('process_time'), ' s', 2)}.",
         ]
     if tr.get("counters"):
         lines += ["", "The traced gateway's OTLP counters at the end (before it stopped):", "", "```"]
