@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from gateway.observability.tracing import RequestTrace
     from gateway.runtime import Runtime
     from gateway.wire.events import Batch
+    from gateway.wire.request import MessagesHead
 
 __all__ = ["DRAIN_CANCEL", "Reply", "RequestContext"]
 
@@ -96,10 +97,10 @@ class RequestContext:
         self.panic = False  # routed in panic mode: every target's breaker was open (gateway.routing.balance)
         self.trace: RequestTrace | None = None  # its spans, when the gateway traces (gateway.observability.tracing)
 
-    def traced(self, model: str, body: bytes) -> None:
+    def traced(self, model: str, body: bytes, head: MessagesHead | None) -> None:
         """The request as its client sent it, for its spans (when traced)."""
         if self.trace is not None:
-            self.trace.request(model, body)
+            self.trace.request(model, body, head)
 
     def failed(self, error_type: str) -> None:
         """The error its client is answered with, for its spans (when traced)."""

@@ -279,6 +279,7 @@ async def _serve(
         check_betas(headers.get("anthropic-beta"))  # the client's header (a Bedrock body's list: the surface checks it)
         if call is not None:  # a Bedrock- or Vertex-shaped request: the Messages body it stands for
             body = call.canonical(body, headers, runtime.routes)
+        head = None
         if count:
             model, stream, max_tokens = parse_count_tokens(body).model, False, None
         else:
@@ -286,7 +287,7 @@ async def _serve(
             model, stream, max_tokens = head.model, bool(head.stream), head.max_tokens
         check_model_name(model)
         context.stream = stream
-        context.traced(model, body)
+        context.traced(model, body, head)
         route = runtime.routes.resolve(model)
         tally.alias = route.alias  # routed: from here the request has a ledger row, whatever its outcome
         authorize(key, route, model)

@@ -25,6 +25,7 @@ __all__ = [
     "TOKEN_USAGE",
     "GenAiMetrics",
     "Instrument",
+    "Series",
 ]
 
 Attributes = tuple[tuple[str, Any], ...]
@@ -55,40 +56,60 @@ INSTRUMENTS = (
 )
 
 
-class _Series:
-    __slots__ = ("counts", "max", "min", "start_ns", "sum")
+class Series:
+    """One histogram series: its bucket counts, sum, min and max (``add`` is a ``bisect`` and four updates)."""
 
-    def __init__(self, buckets: int, start_ns: int) -> None:
-        self.counts = [0] * buckets
+    __slots__ = ("bounds", "counts", "max", "min", "start_ns", "sum")
+
+    def __init__(self, bounds: tuple[float, ...], start_ns: int) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
         self.min = float("inf")
         self.max = float("-inf")
         self.start_ns = start_ns
+
+    def add(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # a bucket is (previous bound, bound]: OTLP's
+        self.sum += value
+        if value < self.min:
+            self.min = value
+        if value > self.max:
+            self.max = value
+
+
+class _Overflow(Series):
+    """Where a record goes past ``max_series``: counted, not kept."""
+
+    def __init__(self, owner: GenAiMetrics) -> None:
+        super().__init__((), 0)
+        self._owner = owner
+
+    def add(self, value: float) -> None:
+        self._owner.overflow += 1
 
 
 class GenAiMetrics:
     """The histograms' series, by instrument and attribute set."""
 
     def __init__(self, max_series: int = 2000) -> None:
-        self._series: dict[tuple[int, Attributes], _Series] = {}
+        self._series: dict[tuple[int, Attributes], Series] = {}
         self._max_series = max_series  # past it a new attribute set is not recorded (counted in `overflow`)
         self.overflow = 0
+        self._overflow = _Overflow(self)
+
+    def series(self, instrument: int, attributes: Attributes) -> Series:
+        """The series of ``instrument`` with ``attributes`` (made on first use)."""
+        key = (instrument, attributes)
+        found = self._series.get(key)
+        if found is None:
+            if len(self._series) >= self._max_series:
+                return self._overflow
+            found = self._series[key] = Series(INSTRUMENTS[instrument].bounds, time.time_ns())
+        return found
 
     def record(self, instrument: int, attributes: Attributes, value: float) -> None:
-        key = (instrument, attributes)
-        series = self._series.get(key)
-        bounds = INSTRUMENTS[instrument].bounds
-        if series is None:
-            if len(self._series) >= self._max_series:
-                self.overflow += 1
-                return
-            series = self._series[key] = _Series(len(bounds) + 1, time.time_ns())
-        series.counts[bisect_left(bounds, value)] += 1  # a bucket is (previous bound, bound]: OTLP's
-        series.sum += value
-        if value < series.min:
-            series.min = value
-        if value > series.max:
-            series.max = value
+        self.series(instrument, attributes).add(value)
 
     def collect(self, now_ns: int | None = None) -> list[Histogram]:
         """Every series' cumulative data point, by instrument."""
@@ -96,6 +117,8 @@ class GenAiMetrics:
         points: dict[int, list[HistogramPoint]] = {}
         for (instrument, attributes), series in self._series.items():  # (the event loop's: nothing records meanwhile)
             counts = list(series.counts)
+            if not any(counts):  # made for a record that has not come (a failed attempt's tokens)
+                continue
             points.setdefault(instrument, []).append(
                 HistogramPoint(
                     attributes=dict(attributes),

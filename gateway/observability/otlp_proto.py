@@ -44,6 +44,7 @@ __all__ = [
     "Histogram",
     "HistogramPoint",
     "SpanRecord",
+    "encode_attributes",
     "encode_metrics",
     "encode_traces",
 ]
@@ -71,7 +72,7 @@ class SpanRecord(NamedTuple):
     kind: int  # SPAN_KIND_*
     start_ns: int
     end_ns: int
-    attributes: Attributes
+    attributes: Attributes | bytes  # bytes: made by encode_attributes
     status_code: int = STATUS_UNSET
     status_message: str = ""
     flags: int = 1  # W3C trace flags (1: sampled), the low 8 bits of Span.flags
@@ -315,7 +316,8 @@ def _span(span: SpanRecord) -> bytes:
     if end_ns:
         parts.append(b"\x41" + _pack_u64(end_ns))  # end_time_unix_nano (8), fixed64
     if attributes:
-        parts.append(_attributes(attributes, b"\x4a"))  # attributes (9)
+        # attributes (9), or the bytes encode_attributes made of them
+        parts.append(attributes if isinstance(attributes, bytes) else _attributes(attributes, b"\x4a"))
     # status (15), always (the SDK sets it): Status{message (2), code (3)}
     if status_message:
         status = _field(b"\x12", status_message.encode())
@@ -332,6 +334,12 @@ def _span(span: SpanRecord) -> bytes:
         flags |= _IS_REMOTE
     parts.append(_FLAGS_TAG + _pack_u32(flags))
     return b"".join(parts)
+
+
+def encode_attributes(attributes: Attributes) -> bytes:
+    """``Span.attributes`` (field 9) as bytes, for a ``SpanRecord`` whose ``attributes`` are given so: groups of
+    attributes encoded once and joined (``b"".join`` of two groups is the two groups' attributes, in order)."""
+    return _attributes(attributes, b"\x4a")
 
 
 def encode_traces(

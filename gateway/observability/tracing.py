@@ -22,8 +22,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import msgspec
-
 from gateway.observability.genai_content import OutputCollector, input_attributes
 from gateway.observability.genai_metrics import (
     CLIENT_DURATION,
@@ -38,10 +36,12 @@ from gateway.observability.otlp_proto import (
     STATUS_ERROR,
     SpanRecord,
 )
+from gateway.observability.otlp_proto import encode_attributes as _encode
 
 if TYPE_CHECKING:
     from gateway.observability.otlp_export import OtlpExporter
     from gateway.observability.recording import Finished
+    from gateway.wire.request import MessagesHead
 
 __all__ = [
     "GEN_AI_PROVIDERS",
@@ -90,18 +90,20 @@ def parse_traceparent(value: str | None) -> tuple[bytes, bytes, int] | None:
     return bytes.fromhex(trace_hex), bytes.fromhex(span_hex), int(flags_hex, 16)
 
 
-class _Params(msgspec.Struct):
-    """The request's parameters the spans carry (gen_ai.request.*); the rest of the body is skipped."""
-
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    stop_sequences: list[str] | None = None
+Params = tuple[int | None, float | None, float | None, float | None, tuple[str, ...] | None]
+"""max_tokens, temperature, top_p, top_k (the convention's type: double), stop_sequences: what the spans carry of a
+request's parameters (gen_ai.request.*), None where absent or not of its type."""
+_NO_PARAMS: Params = (None, None, None, None, None)
 
 
-_decode_params = msgspec.json.Decoder(_Params).decode
-_NO_PARAMS = _Params()
+def _number(value: Any) -> float | None:
+    return float(value) if type(value) is float or type(value) is int else None
+
+
+def _params(head: MessagesHead) -> Params:
+    stop = head.stop_sequences
+    stops = tuple(stop) if type(stop) is list and all(type(s) is str for s in stop) else None
+    return (head.max_tokens, _number(head.temperature), _number(head.top_p), _number(head.top_k), stops)
 
 
 class AttemptSpan:
@@ -167,16 +169,14 @@ class RequestTrace:
     def sampled(self) -> bool:
         return bool(self.flags & _TRACE_FLAG_SAMPLED)
 
-    def request(self, model: str, body: bytes) -> None:
-        """The request as the client sent it: its model and the parameters the spans carry (one decode that
-        skips everything else; a body whose parameters are mistyped has none: the provider refuses it anyway)."""
+    def request(self, model: str, body: bytes, head: MessagesHead | None) -> None:
+        """The request as the client sent it: its model and the parameters the spans carry (as the edge's own
+        parse read them: ``head``, None for a token count)."""
         self.request_model = model
+        if head is not None:
+            self.params = _params(head)
         if self.capture:
             self.inputs, self.output = input_attributes(body), OutputCollector()
-        try:
-            self.params = _decode_params(body)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            self.params = _NO_PARAMS
 
     def attempt(self, provider: str, provider_kind: str, model: str) -> AttemptSpan:
         span = AttemptSpan(_span_id(), provider, provider_kind, model)
@@ -233,6 +233,7 @@ class Tracer:
         if metrics:
             exporter.metrics_source = self.genai
         self._bound = round(sample_ratio * (1 << 64))  # OpenTelemetry's TraceIdRatioBased: the id's low 64 bits
+        self._client_series: dict[tuple[str, ...], tuple[Any, Any, Any]] = {}
 
     def start(self, headers: Mapping[str, str]) -> RequestTrace:
         """The trace of a request that just arrived: the caller's (``traceparent``/``tracestate``) or a new one."""
@@ -256,77 +257,47 @@ class Tracer:
         end_ns = time.time_ns()
         completed = f.outcome == "completed"
         error_type = "" if completed else (trace.error_type or f.outcome)
-        gen_ai_provider = GEN_AI_PROVIDERS.get(trace.attempts[-1].provider_kind, "") if trace.attempts else ""
-        operation = "count_tokens" if not f.timed else "chat"
+        attempts = trace.attempts
+        provider = GEN_AI_PROVIDERS.get(attempts[-1].provider_kind, "") if attempts else ""
+        operation = "chat" if f.timed else "count_tokens"
         genai = self.genai
-        if genai is not None and f.routed and trace.attempts:
-            self._metrics(genai, f, trace, operation, gen_ai_provider, error_type)
+        if genai is not None and f.routed and attempts:
+            self._metrics(genai, f, trace, operation, provider, error_type)
         if not (self.traces and trace.sampled):
             return
-        spans = [self._server_span(f, trace, end_ns, operation, gen_ai_provider, error_type)]
-        last = len(trace.attempts) - 1
-        for n, attempt in enumerate(trace.attempts):
-            spans.append(self._client_span(f, trace, attempt, n, n == last, end_ns, operation, error_type))
+        answer = _answer(f) if completed or f.attempts else b""  # shared by the SERVER and the serving CLIENT span
+        spans = [self._server_span(f, trace, end_ns, operation, provider, error_type, answer)]
+        last = len(attempts) - 1
+        for n, attempt in enumerate(attempts):
+            spans.append(self._client_span(f, trace, attempt, n, n == last, end_ns, operation, error_type, answer))
         self.exporter.submit(spans)
 
-    def _common(self, f: Finished, trace: RequestTrace, operation: str, model: str, provider: str) -> dict[str, Any]:
-        params = trace.params
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": operation,
-            "gen_ai.request.model": model,
-            "gen_ai.request.stream": f.stream,
-        }
-        if provider:
-            attributes["gen_ai.provider.name"] = provider
-        if params.max_tokens is not None:
-            attributes["gen_ai.request.max_tokens"] = params.max_tokens
-        if params.temperature is not None:
-            attributes["gen_ai.request.temperature"] = float(params.temperature)
-        if params.top_p is not None:
-            attributes["gen_ai.request.top_p"] = float(params.top_p)
-        if params.top_k is not None:
-            attributes["gen_ai.request.top_k"] = float(params.top_k)  # the convention's type: double
-        if params.stop_sequences:
-            attributes["gen_ai.request.stop_sequences"] = params.stop_sequences
-        if f.session_id:
-            attributes["gen_ai.conversation.id"] = f.session_id
-        return attributes
-
-    def _answer(self, attributes: dict[str, Any], f: Finished) -> None:
-        """What the provider's answer said: its id, model, stop reason and usage (Anthropic's arithmetic:
-        gen_ai.usage.input_tokens counts the cache reads and writes, which Anthropic reports apart)."""
-        if f.response_id:
-            attributes["gen_ai.response.id"] = f.response_id
-        if f.response_model:
-            attributes["gen_ai.response.model"] = f.response_model
-        if f.finish_reason:
-            attributes["gen_ai.response.finish_reasons"] = (f.finish_reason,)
-        usage = f.usage
-        if usage.input_tokens is not None or usage.output_tokens is not None:
-            read = usage.cache_read_input_tokens or 0
-            created = usage.cache_creation_input_tokens or 0
-            attributes["gen_ai.usage.input_tokens"] = (usage.input_tokens or 0) + read + created
-            attributes["gen_ai.usage.output_tokens"] = usage.output_tokens or 0
-            attributes["gen_ai.usage.cache_read.input_tokens"] = read
-            attributes["gen_ai.usage.cache_creation.input_tokens"] = created
-
     def _server_span(
-        self, f: Finished, trace: RequestTrace, end_ns: int, operation: str, provider: str, error_type: str
+        self,
+        f: Finished,
+        trace: RequestTrace,
+        end_ns: int,
+        operation: str,
+        provider: str,
+        error_type: str,
+        answer: bytes,
     ) -> SpanRecord:
         route = trace.route or f.path
-        attributes = self._common(f, trace, operation, trace.request_model, provider)
-        attributes["http.request.method"] = f.method
-        attributes["http.route"] = route
-        attributes["url.path"] = f.path
-        if f.status:
-            attributes["http.response.status_code"] = f.status
-        if f.outcome == "completed" or f.attempts:
-            self._answer(attributes, f)
+        facts: tuple[Any, ...] = (f.method, route, f.path, f.status, f.outcome, f.attempts, f.alias, f.provider)
+        facts += (f.model, f.key_name, f.team, f.user, f.panic, f.limit, f.dropped, error_type)
+        server = _cached(_SERVER_FACTS, facts, _server_facts)
+        variable: dict[str, Any] = {"messages_gateway.request_id": f.request_id}
         if f.ttft is not None:
-            attributes["gen_ai.response.time_to_first_chunk"] = f.ttft
-        if error_type:
-            attributes["error.type"] = error_type
-        _gateway_attributes(attributes, f)
+            variable["gen_ai.response.time_to_first_chunk"] = f.ttft
+        if f.cost_usd is not None:
+            variable["messages_gateway.cost_usd"] = f.cost_usd
+        if f.upstream_request_id:
+            variable["messages_gateway.upstream_request_id"] = f.upstream_request_id
+        if f.agent_id:
+            variable["messages_gateway.agent_id"] = f.agent_id
+        attributes = b"".join(
+            (_request_attributes(f, trace, operation, trace.request_model, provider), answer, server, _encode(variable))
+        )
         return SpanRecord(
             trace_id=trace.trace_id,
             span_id=trace.span_id,
@@ -353,31 +324,27 @@ class Tracer:
         end_ns: int,
         operation: str,
         request_error: str,
+        answer: bytes,
     ) -> SpanRecord:
-        provider = GEN_AI_PROVIDERS.get(attempt.provider_kind, "")
-        attributes = self._common(f, trace, operation, attempt.model, provider)
         error_type = attempt.error_type
-        if attempt.url:
-            address, port = _server(attempt.url)
-            attributes["server.address"] = address
-            attributes["server.port"] = port
-        attributes["messages_gateway.provider"] = attempt.provider
-        attributes["messages_gateway.attempt"] = n + 1
-        if attempt.status:
-            attributes["http.response.status_code"] = attempt.status
-        if trace.inputs:  # (capture_content) what every attempt was sent
-            attributes.update(trace.inputs)
-        if not error_type and serving and trace.output is not None:
-            attributes["gen_ai.output.messages"] = trace.output.attribute()
-        if not error_type and serving:  # the attempt that answered: the answer is its
-            self._answer(attributes, f)
-            if f.upstream_wait is not None:
-                attributes["gen_ai.response.time_to_first_chunk"] = f.upstream_wait
-            if f.upstream_request_id:
-                attributes["messages_gateway.upstream_request_id"] = f.upstream_request_id
+        answered = not error_type and serving  # the attempt that answered: the answer is its
+        if answered:
             error_type = request_error  # a stream that broke, or a client that went away, ends it too
-        if error_type:
-            attributes["error.type"] = error_type
+        facts = (attempt.provider, n, attempt.status, error_type, _server(attempt.url) if attempt.url else None)
+        client = _cached(_CLIENT_FACTS, facts, _client_facts)
+        provider = GEN_AI_PROVIDERS.get(attempt.provider_kind, "")
+        parts = [_request_attributes(f, trace, operation, attempt.model, provider), client]
+        if answered:
+            variable: dict[str, Any] = {}
+            if f.upstream_wait is not None:
+                variable["gen_ai.response.time_to_first_chunk"] = f.upstream_wait
+            if f.upstream_request_id:
+                variable["messages_gateway.upstream_request_id"] = f.upstream_request_id
+            if trace.output is not None:  # (capture_content) the answer
+                variable["gen_ai.output.messages"] = trace.output.attribute()
+            parts += (answer, _encode(variable))
+        if trace.inputs:  # (capture_content) what every attempt was sent
+            parts.append(_encode(trace.inputs))
         return SpanRecord(
             trace_id=trace.trace_id,
             span_id=attempt.span_id,
@@ -387,7 +354,7 @@ class Tracer:
             kind=SPAN_KIND_CLIENT,
             start_ns=attempt.start_ns,
             end_ns=attempt.end_ns or end_ns,
-            attributes=attributes,
+            attributes=b"".join(parts),
             status_code=STATUS_ERROR if error_type else 0,
             status_message=error_type,
             flags=trace.flags,
@@ -397,76 +364,186 @@ class Tracer:
         self, genai: GenAiMetrics, f: Finished, trace: RequestTrace, operation: str, provider: str, error_type: str
     ) -> None:
         """``gen_ai.client.*`` per upstream attempt (the gateway is the provider's client), ``gen_ai.server.*`` per
-        request (it is its clients' server), with the attributes the convention lists for each."""
+        request (it is its clients' server), with the attributes the convention lists for each. The attribute sets
+        of a request's series are looked up once, by the facts they are made of."""
         end_ns = time.time_ns()
         last = len(trace.attempts) - 1
         for n, attempt in enumerate(trace.attempts):
-            failed = attempt.error_type or (error_type if n == last else "")
-            attributes: list[tuple[str, Any]] = [
-                ("gen_ai.operation.name", operation),
-                ("gen_ai.provider.name", GEN_AI_PROVIDERS.get(attempt.provider_kind, "")),
-                ("gen_ai.request.model", attempt.model),
-            ]
-            if n == last and f.response_model:
-                attributes.append(("gen_ai.response.model", f.response_model))
-            if attempt.url:
-                address, port = _server(attempt.url)
-                attributes += (("server.address", address), ("server.port", port))
-            if failed:
-                attributes.append(("error.type", failed))
-            genai.record(CLIENT_DURATION, tuple(attributes), ((attempt.end_ns or end_ns) - attempt.start_ns) / 1e9)
-            if n == last and operation == "chat" and not attempt.error_type:
+            serving = n == last
+            failed = attempt.error_type or (error_type if serving else "")
+            response_model = f.response_model if serving else ""
+            facts = (operation, attempt.provider_kind, attempt.model, response_model, attempt.url, failed)
+            series = self._client_series.get(facts)
+            if series is None:
+                series = self._client_series[facts] = _client_series(genai, facts)
+                if len(self._client_series) > _MAX_CACHED:
+                    self._client_series.clear()
+            duration, tokens_in, tokens_out = series
+            duration.add(((attempt.end_ns or end_ns) - attempt.start_ns) / 1e9)
+            if serving and operation == "chat" and not attempt.error_type:
                 usage = f.usage
                 if usage.input_tokens is not None or usage.output_tokens is not None:
-                    base = tuple(a for a in attributes if a[0] != "error.type")
                     read, created = usage.cache_read_input_tokens or 0, usage.cache_creation_input_tokens or 0
-                    inputs = (usage.input_tokens or 0) + read + created
-                    genai.record(TOKEN_USAGE, (*base, ("gen_ai.token.type", "input")), inputs)
-                    genai.record(TOKEN_USAGE, (*base, ("gen_ai.token.type", "output")), usage.output_tokens or 0)
+                    tokens_in.add((usage.input_tokens or 0) + read + created)
+                    tokens_out.add(usage.output_tokens or 0)
         if operation != "chat":
             return
-        server: list[tuple[str, Any]] = [
+        attributes: tuple[tuple[str, Any], ...] = (
             ("gen_ai.operation.name", operation),
             ("gen_ai.provider.name", provider),
             ("gen_ai.request.model", trace.request_model),
-        ]
+        )
         if f.response_model:
-            server.append(("gen_ai.response.model", f.response_model))
+            attributes += (("gen_ai.response.model", f.response_model),)
         if error_type:
-            genai.record(SERVER_DURATION, (*server, ("error.type", error_type)), f.duration)
+            genai.series(SERVER_DURATION, (*attributes, ("error.type", error_type))).add(f.duration)
             return
-        attributes_ok = tuple(server)
-        genai.record(SERVER_DURATION, attributes_ok, f.duration)
+        genai.series(SERVER_DURATION, attributes).add(f.duration)
         if f.ttft is not None:
-            genai.record(TIME_TO_FIRST_TOKEN, attributes_ok, f.ttft)
+            genai.series(TIME_TO_FIRST_TOKEN, attributes).add(f.ttft)
 
 
-def _gateway_attributes(attributes: dict[str, Any], f: Finished) -> None:
-    """The gateway's own facts of a request, under ``messages_gateway.*`` (and ``enduser.id``)."""
-    attributes["messages_gateway.request_id"] = f.request_id
-    attributes["messages_gateway.outcome"] = f.outcome
-    attributes["messages_gateway.attempts"] = f.attempts
-    if f.alias:
-        attributes["messages_gateway.alias"] = f.alias
-    if f.provider:
-        attributes["messages_gateway.provider"] = f.provider
-    if f.model:
-        attributes["messages_gateway.upstream_model"] = f.model
-    if f.key_name:
-        attributes["messages_gateway.key"] = f.key_name
-    if f.team:
-        attributes["messages_gateway.team"] = f.team
-    if f.user:
-        attributes["enduser.id"] = f.user
-    if f.agent_id:
-        attributes["messages_gateway.agent_id"] = f.agent_id
-    if f.panic:
+_MAX_CACHED = 4096  # attribute groups remembered (then forgotten all at once: they are rebuilt as needed)
+_REQUEST: dict[tuple[Any, ...], bytes] = {}
+_SERVER_FACTS: dict[tuple[Any, ...], bytes] = {}
+_CLIENT_FACTS: dict[tuple[Any, ...], bytes] = {}
+
+
+def _cached(cache: dict[tuple[Any, ...], bytes], facts: tuple[Any, ...], build: Any) -> bytes:
+    """The encoded attributes of ``facts``: most requests repeat the last ones' (a model, a provider, an outcome),
+    so each group is encoded once and looked up after (one tuple hash instead of an attribute's encoding each)."""
+    found = cache.get(facts)
+    if found is None:
+        if len(cache) >= _MAX_CACHED:
+            cache.clear()
+        found = cache[facts] = _encode(build(*facts))
+    return found
+
+
+def _request_attributes(f: Finished, trace: RequestTrace, operation: str, model: str, provider: str) -> bytes:
+    """What the client asked (gen_ai.request.*), the operation, the provider and the conversation."""
+    return _cached(_REQUEST, (operation, model, provider, f.stream, trace.params, f.session_id), _request_facts)
+
+
+def _request_facts(
+    operation: str, model: str, provider: str, stream: bool, params: Params, session_id: str
+) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": operation,
+        "gen_ai.request.model": model,
+        "gen_ai.request.stream": stream,
+    }
+    if provider:
+        attributes["gen_ai.provider.name"] = provider
+    max_tokens, temperature, top_p, top_k, stop_sequences = params
+    if max_tokens is not None:
+        attributes["gen_ai.request.max_tokens"] = max_tokens
+    if temperature is not None:
+        attributes["gen_ai.request.temperature"] = temperature
+    if top_p is not None:
+        attributes["gen_ai.request.top_p"] = top_p
+    if top_k is not None:
+        attributes["gen_ai.request.top_k"] = top_k
+    if stop_sequences:
+        attributes["gen_ai.request.stop_sequences"] = stop_sequences
+    if session_id:
+        attributes["gen_ai.conversation.id"] = session_id
+    return attributes
+
+
+def _answer(f: Finished) -> bytes:
+    """What the provider's answer said: its id, model, stop reason and usage (Anthropic's arithmetic:
+    gen_ai.usage.input_tokens counts the cache reads and writes, which Anthropic reports apart)."""
+    attributes: dict[str, Any] = {}
+    if f.response_id:
+        attributes["gen_ai.response.id"] = f.response_id
+    if f.response_model:
+        attributes["gen_ai.response.model"] = f.response_model
+    if f.finish_reason:
+        attributes["gen_ai.response.finish_reasons"] = (f.finish_reason,)
+    usage = f.usage
+    if usage.input_tokens is not None or usage.output_tokens is not None:
+        read = usage.cache_read_input_tokens or 0
+        created = usage.cache_creation_input_tokens or 0
+        attributes["gen_ai.usage.input_tokens"] = (usage.input_tokens or 0) + read + created
+        attributes["gen_ai.usage.output_tokens"] = usage.output_tokens or 0
+        attributes["gen_ai.usage.cache_read.input_tokens"] = read
+        attributes["gen_ai.usage.cache_creation.input_tokens"] = created
+    return _encode(attributes)
+
+
+def _server_facts(
+    method: str,
+    route: str,
+    path: str,
+    status: int,
+    outcome: str,
+    attempts: int,
+    alias: str,
+    provider: str,
+    model: str,
+    key: str,
+    team: str,
+    user: str,
+    panic: bool,
+    limit: str,
+    dropped: tuple[str, ...],
+    error_type: str,
+) -> dict[str, Any]:
+    """The SERVER span's HTTP facts and the gateway's own, under ``messages_gateway.*`` (and ``enduser.id``)."""
+    attributes: dict[str, Any] = {"http.request.method": method, "http.route": route, "url.path": path}
+    if status:
+        attributes["http.response.status_code"] = status
+    if error_type:
+        attributes["error.type"] = error_type
+    attributes["messages_gateway.outcome"] = outcome
+    attributes["messages_gateway.attempts"] = attempts
+    for name, value in (("alias", alias), ("provider", provider), ("upstream_model", model), ("key", key)):
+        if value:
+            attributes[f"messages_gateway.{name}"] = value
+    if team:
+        attributes["messages_gateway.team"] = team
+    if user:
+        attributes["enduser.id"] = user
+    if panic:
         attributes["messages_gateway.panic"] = True
-    if f.limit:
-        attributes["messages_gateway.limit"] = f.limit
-    if f.cost_usd is not None:
-        attributes["messages_gateway.cost_usd"] = f.cost_usd
-    if f.upstream_request_id:
-        attributes["messages_gateway.upstream_request_id"] = f.upstream_request_id
-    if f.dropped:
-        attributes["messages_gateway.dropped"] = f.dropped
+    if limit:
+        attributes["messages_gateway.limit"] = limit
+    if dropped:
+        attributes["messages_gateway.dropped"] = dropped
+    return attributes
+
+
+def _client_facts(
+    provider: str, n: int, status: int, error_type: str, server: tuple[str, int] | None
+) -> dict[str, Any]:
+    """A CLIENT span's own facts: where it went, which attempt it was, how it failed."""
+    attributes: dict[str, Any] = {}
+    if server is not None:
+        attributes["server.address"], attributes["server.port"] = server
+    attributes["messages_gateway.provider"] = provider
+    attributes["messages_gateway.attempt"] = n + 1
+    if status:
+        attributes["http.response.status_code"] = status
+    if error_type:
+        attributes["error.type"] = error_type
+    return attributes
+
+
+def _client_series(genai: GenAiMetrics, facts: tuple[str, str, str, str, str, str]) -> tuple[Any, Any, Any]:
+    """The series an attempt's client metrics go to: its duration, its input and its output tokens."""
+    operation, provider_kind, model, response_model, url, failed = facts
+    attributes: tuple[tuple[str, Any], ...] = (
+        ("gen_ai.operation.name", operation),
+        ("gen_ai.provider.name", GEN_AI_PROVIDERS.get(provider_kind, "")),
+        ("gen_ai.request.model", model),
+    )
+    if response_model:
+        attributes += (("gen_ai.response.model", response_model),)
+    if url:
+        address, port = _server(url)
+        attributes += (("server.address", address), ("server.port", port))
+    duration = genai.series(CLIENT_DURATION, (*attributes, ("error.type", failed)) if failed else attributes)
+    tokens_in = genai.series(TOKEN_USAGE, (*attributes, ("gen_ai.token.type", "input")))
+    tokens_out = genai.series(TOKEN_USAGE, (*attributes, ("gen_ai.token.type", "output")))
+    return duration, tokens_in, tokens_out

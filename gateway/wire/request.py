@@ -47,6 +47,12 @@ class MessagesHead(msgspec.Struct):
     max_tokens: Annotated[int, msgspec.Meta(ge=1)]
     messages: list[_MessageParam]
     stream: bool | None = None
+    # the sampling parameters a traced request's spans carry (gen_ai.request.*): read as they are, not checked
+    # (the provider answers a mistyped one; the spans leave it out)
+    temperature: Any = None
+    top_p: Any = None
+    top_k: Any = None
+    stop_sequences: Any = None
 
 
 class CountTokensHead(msgspec.Struct):
