@@ -543,16 +543,22 @@ check_extensions() {
     echo "PID 1 has not loaded gateway/wire/_views_c"
     exit 1
   }
+  has "$maps" '/gateway/observability/_otlp_c\.' || {
+    echo "PID 1 has not loaded gateway/observability/_otlp_c"
+    exit 1
+  }
   "$ENGINE" exec "$NAME" python -c '
 from adapters._eventstream import IMPLEMENTATION
 from gateway.wire.events import COMPILED_VIEWS
+from gateway.observability.otlp_proto import IMPLEMENTATION as OTLP
 assert IMPLEMENTATION == "c", IMPLEMENTATION
-assert COMPILED_VIEWS is True, COMPILED_VIEWS'
+assert COMPILED_VIEWS is True, COMPILED_VIEWS
+assert OTLP == "c", OTLP'
   if logs_has "$NAME" 'was not built'; then
     echo "the gateway warned that an extension was not built"
     exit 1
   fi
-  echo "PID 1 maps _eventstream_c and _views_c; IMPLEMENTATION == 'c', COMPILED_VIEWS"
+  echo "PID 1 maps _eventstream_c, _views_c and _otlp_c; each in use"
 }
 
 check_no_build_tools() {

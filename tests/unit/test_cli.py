@@ -113,3 +113,8 @@ def test_access_lines_go_through_logging_for_a_set_up_that_is_not_serves() -> No
     finally:
         recording.write_access_lines_to(None)
     assert recording._direct is None
+
+
+def test_a_missing_otlp_encoder_is_said() -> None:
+    (note,) = serving_warnings(1, decoder="c", views=True, otlp="python")
+    assert "_otlp_c was not built" in note

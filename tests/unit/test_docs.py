@@ -138,7 +138,7 @@ def test_readme_quick_start_commands() -> None:
     ) in readme
     assert (
         "python3.11 -m venv .venv && .venv/bin/pip install -c requirements/constraints.txt -e '.[test]' "
-        "&& .venv/bin/pytest -m 'not long' && .venv/bin/pytest -m long -n 9\n"
+        "&& .venv/bin/pytest -m 'not long' && .venv/bin/pytest -m long -n 12\n"
     ) in readme
     assert "anthropic[bedrock]" in readme or "anthropic[bedrock]" in (ROOT / "docs" / "clients.md").read_text()
 

@@ -6,12 +6,28 @@ histograms, over Hypothesis-drawn attributes, ids, times, kinds, parents and sta
 The one deliberate difference: ``Span.flags`` carries the span's W3C trace flags in its low 8 bits, as the OTLP
 definition of the field says (and the Java and Go exporters do); the Python SDK 1.45 writes only the is-remote bits
 (opentelemetry-python issue #4666). The comparisons add the trace flags to the SDK's message, and
-``test_span_flags_are_the_sdks_when_no_trace_flags`` shows that without trace flags the two are the same."""
+``test_span_flags_are_the_sdks_when_no_trace_flags`` shows that without trace flags the two are the same.
+
+The encoder's compiled hot spots (``gateway.observability._otlp_c``, in use when built: ``IMPLEMENTATION``) are
+compared with the pure-Python functions they replace, byte for byte, over Hypothesis-drawn attributes and spans,
+errors included; the tests above run with whichever is in use, and ``test_the_fallback_writes_the_same_requests``
+runs whole requests through both. The compiled module's tests are skipped when it is not built, unless
+MESSAGES_GATEWAY_REQUIRE_EXTENSION is set: then they fail."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import importlib
+import importlib.util
+import math
+import os
+import struct
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from enum import IntEnum
+from types import MappingProxyType, ModuleType
+from typing import Any, NamedTuple
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -35,7 +51,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.trace.status import Status, StatusCode
 
+from gateway.observability import otlp_proto
 from gateway.observability.otlp_proto import (
+    IMPLEMENTATION,
     SPAN_KIND_CLIENT,
     SPAN_KIND_SERVER,
     STATUS_ERROR,
@@ -48,6 +66,9 @@ from gateway.observability.otlp_proto import (
     Histogram,
     HistogramPoint,
     SpanRecord,
+    _attributes,
+    _span,
+    encode_attributes,
     encode_metrics,
     encode_traces,
 )
@@ -537,3 +558,337 @@ def test_metrics_are_the_sdks(
     expected = sdk_metrics(resource, scope_name, scope_version, metrics, schema_url)
     assert decode_metrics(body) == expected
     assert body == expected.SerializeToString()
+
+
+# --- the compiled twins ---------------------------------------------------------------------------------------------
+
+
+def _compiled() -> ModuleType | None:
+    try:
+        return importlib.import_module("gateway.observability._otlp_c")
+    except ImportError:
+        return None
+
+
+C = _compiled()
+REQUIRE_EXTENSION = bool(os.environ.get("MESSAGES_GATEWAY_REQUIRE_EXTENSION"))
+needs_c = pytest.mark.skipif(
+    C is None and not REQUIRE_EXTENSION, reason="gateway.observability._otlp_c is not built: nothing to compare"
+)
+
+
+def test_the_compiled_encoder_is_in_use() -> None:
+    """When the extension was built (its file is there), it must import and be the encoder's."""
+    built = importlib.util.find_spec("gateway.observability._otlp_c") is not None
+    if REQUIRE_EXTENSION:
+        assert built, "gateway.observability._otlp_c was not built"
+    if built:
+        assert C is not None
+        assert IMPLEMENTATION == "c"
+        assert otlp_proto._encode_attributes is C.attributes
+        assert otlp_proto._c_span is C.span
+    else:
+        assert IMPLEMENTATION == "python"
+        assert otlp_proto._encode_attributes is otlp_proto._attributes_by_tag
+        assert otlp_proto._c_span is None
+
+
+def c_attributes(attributes: Mapping[str, Any], tag: bytes) -> bytes:
+    assert C is not None, "gateway.observability._otlp_c was not built"
+    out: bytes = C.attributes(attributes, tag[0])
+    return out
+
+
+def c_span(span: SpanRecord) -> bytes:
+    assert C is not None, "gateway.observability._otlp_c was not built"
+    out: bytes = C.span(*span)
+    return out
+
+
+def outcome(function: Any, *args: Any) -> tuple[str, Any]:
+    """What a call returns, or the type and message of what it raises: for comparing two functions' errors."""
+    try:
+        return "returned", function(*args)
+    except Exception as exc:  # every exception: whichever it is, the other function must raise the same
+        return type(exc).__name__, str(exc)
+
+
+def same_attributes(attributes: Mapping[str, Any]) -> None:
+    for tag in (b"\x0a", b"\x4a"):
+        assert outcome(c_attributes, attributes, tag) == outcome(_attributes, attributes, tag)
+
+
+def same_span(span: SpanRecord) -> None:
+    assert outcome(c_span, span) == outcome(_span, span)
+
+
+INT64_EDGES = [0, 1, -1, 127, 128, 16383, 16384, 2**21, 2**31, -(2**31), INT64_MAX, INT64_MAX - 1, INT64_MIN]
+FLOAT_EDGES = [0.0, -0.0, math.nan, -math.nan, math.inf, -math.inf, 5e-324, -1.5, 2.0**63, 1e308]
+
+scalars = (
+    st.text()
+    | st.text(alphabet="é模x\U0001f600\x00", min_size=60, max_size=150)  # past one-byte lengths
+    | st.booleans()
+    | st.integers(INT64_MIN, INT64_MAX)
+    | st.sampled_from(INT64_EDGES)
+    | st.floats()  # NaN, the infinities, -0.0 and subnormals among them
+    | st.sampled_from(FLOAT_EDGES)
+    | st.binary(min_size=8, max_size=8).map(lambda b: struct.unpack("<d", b)[0])  # any double, NaN payloads too
+)
+any_values: st.SearchStrategy[Any] = (
+    scalars
+    | st.integers(16_384, 17_000).map(lambda n: "é" * (n // 2 + 1))  # > 16 KiB: three-byte lengths
+    | st.lists(st.text(max_size=8), max_size=4)
+    | st.lists(st.text(max_size=8), max_size=3).map(tuple)
+    | st.just([])
+    | st.recursive(
+        scalars, lambda inner: st.lists(inner, max_size=4) | st.lists(inner, max_size=3).map(tuple), max_leaves=10
+    )
+)
+any_keys = keys | st.text(alphabet="ké", min_size=100, max_size=140) | st.just("")
+any_attribute_dicts = st.dictionaries(any_keys, any_values, max_size=40)  # past the 32 kept on the C stack
+
+
+@needs_c
+@settings(max_examples=500, deadline=None)
+@given(attributes=any_attribute_dicts)
+def test_compiled_attributes_are_the_pythons(attributes: dict[str, Any]) -> None:
+    for tag in (b"\x0a", b"\x4a"):
+        assert c_attributes(attributes, tag) == _attributes(attributes, tag)
+
+
+ids = st.binary(max_size=20) | st.binary(min_size=16, max_size=16) | st.binary(min_size=8, max_size=8)
+texts = st.text(max_size=40) | st.just("") | st.text(alphabet="ü⏱\U0001f600", min_size=1, max_size=80)
+times = st.integers(0, 2**64 - 1) | st.sampled_from([0, 1, 2**63 - 1, 2**63, 2**64 - 1])
+enums = st.sampled_from([0, 1, 2, 3, 5]) | st.integers(INT64_MIN, INT64_MAX) | st.sampled_from(INT64_EDGES)
+
+
+@st.composite
+def any_spans(draw: st.DrawFn) -> SpanRecord:
+    attributes: Attributes | bytes = draw(
+        any_attribute_dicts
+        | any_attribute_dicts.map(lambda a: _attributes(a, b"\x4a"))  # as encode_attributes makes them
+        | st.binary(max_size=300)  # any bytes: written as they are
+    )
+    return SpanRecord(
+        trace_id=draw(ids),
+        span_id=draw(ids),
+        parent_span_id=draw(st.just(b"") | ids),
+        trace_state=draw(texts),
+        name=draw(texts | st.integers(16_384, 16_500).map(lambda n: "n" * n)),
+        kind=draw(enums),
+        start_ns=draw(times),
+        end_ns=draw(times),
+        attributes=attributes,
+        status_code=draw(enums),
+        status_message=draw(texts),
+        flags=draw(st.integers(0, 255) | st.integers(-(2**70), 2**70)),
+        parent_is_remote=draw(st.booleans()),
+    )
+
+
+@needs_c
+@settings(max_examples=1000, deadline=None)
+@given(span=any_spans())
+def test_compiled_spans_are_the_pythons(span: SpanRecord) -> None:
+    assert c_span(span) == _span(span)
+
+
+@needs_c
+@pytest.mark.parametrize("parent", [b"", ROOT_ID, b"\x01\x02\x03"], ids=["root", "parent", "odd-parent"])
+@pytest.mark.parametrize("remote", [False, True])
+@pytest.mark.parametrize(
+    "status",
+    [
+        (STATUS_UNSET, ""),
+        (STATUS_OK, ""),
+        (STATUS_ERROR, ""),
+        (STATUS_ERROR, "boom"),
+        (STATUS_UNSET, "message only"),
+        (7, "x" * 200),
+        (-1, ""),
+        (INT64_MIN, "é"),
+    ],
+)
+@pytest.mark.parametrize("attributes", [{}, b"", ALL_KINDS, b"as they are"], ids=["none", "no-bytes", "dict", "bytes"])
+def test_every_kind_of_span_is_the_pythons(
+    parent: bytes, remote: bool, status: tuple[int, str], attributes: Attributes | bytes
+) -> None:
+    code, message = status
+    for trace_id, span_id in ((TRACE_ID, CHILD_ID), (b"", b""), (b"\x01", b"abc"), (b"t" * 300, b"s" * 17)):
+        span = SpanRecord(trace_id, span_id, parent, "", "", 0, 0, 0, attributes, code, message, 0, remote)
+        same_span(span)
+        same_span(span._replace(trace_state="congo=t61rcWkgMzE", name="ünïcødé", kind=SPAN_KIND_CLIENT))
+        same_span(span._replace(start_ns=1, end_ns=2**64 - 1, flags=0x1FF, kind=-5))
+
+
+@needs_c
+def test_large_messages_are_the_pythons() -> None:
+    huge = "ü" * 1_100_000  # 2.2 MB: four-byte lengths
+    attributes: dict[str, Any] = {"huge": huge, "list": [huge, "x"], f"k{'e' * 20_000}": 1}
+    attributes |= {f"key.{i}": i if i % 2 else f"v{i}" for i in range(1000)}  # many more than the C stack holds
+    same_attributes(attributes)
+    same_span(SpanRecord(TRACE_ID, ROOT_ID, b"", huge, huge, 2, 1, 2, attributes, STATUS_ERROR, huge))
+    assert len(c_attributes({"huge": huge}, b"\x4a")) == 1 + 4 + 1 + 5 + 1 + 4 + 1 + 4 + 2_200_000
+
+
+class Kind(IntEnum):
+    SERVER = 2
+    BIG = INT64_MAX
+
+
+class Pair(NamedTuple):
+    first: str
+    second: int
+
+
+class Text(str):
+    pass
+
+
+class Number(float):
+    pass
+
+
+class Items(list[Any]):
+    pass
+
+
+class Attrs(Mapping[str, Any]):
+    """A mapping that is not a dict: read through items()."""
+
+    def __init__(self, items: dict[str, Any]) -> None:
+        self._items = items
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@needs_c
+def test_subclasses_and_other_mappings_are_the_pythons() -> None:
+    values: dict[str, Any] = {
+        "enum": Kind.SERVER,
+        "big.enum": Kind.BIG,
+        "pair": Pair("a", 1),
+        "text": Text("té"),
+        "number": Number(0.5),
+        "items": Items(["a", Text("b"), Kind.SERVER, [True, -0.0]]),
+        "": "no key",
+        "empty.list": [],
+        "empty.tuple": (),
+        "nested.empty": [[], ()],
+    }
+    same_attributes(values)
+    ordered = OrderedDict(values)
+    ordered.move_to_end("enum")  # items() in the OrderedDict's order, not its dict's
+    mappings: list[Mapping[str, Any]] = [ordered, MappingProxyType(values), Attrs(values), {}, OrderedDict(), Attrs({})]
+    for mapping in mappings:
+        same_attributes(mapping)
+        same_span(SpanRecord(TRACE_ID, ROOT_ID, b"", "", "n", Kind.SERVER, 1, 2, mapping))
+    assert c_attributes(ordered, b"\x4a").endswith(_attributes({"enum": Kind.SERVER}, b"\x4a"))
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(
+    attributes=st.dictionaries(keys, scalars, max_size=10),
+    bad=st.sampled_from([2**63, INT64_MIN - 1, 2**200, None, b"raw", object(), {"a": 1}, {1, 2}, "\ud800", Number, 1j]),
+    where=st.sampled_from(["value", "list", "nested", "tuple"]),
+    position=st.integers(0, 10),
+)
+def test_compiled_errors_are_the_pythons(attributes: dict[str, Any], bad: Any, where: str, position: int) -> None:
+    """ValueError outside int64, TypeError for another type (the same messages), UnicodeEncodeError for a lone
+    surrogate: wherever the bad value is, at the top or inside an array."""
+    value = {"value": bad, "list": ["ok", bad], "nested": [1, [2.5, [bad]]], "tuple": (bad,)}[where]
+    items = list(attributes.items())
+    items.insert(min(position, len(items)), ("bad", value))
+    bad_attributes = dict(items)
+    c, python = outcome(c_attributes, bad_attributes, b"\x4a"), outcome(_attributes, bad_attributes, b"\x4a")
+    assert c == python
+    assert c[0] in ("ValueError", "TypeError", "UnicodeEncodeError")
+    span = SpanRecord(TRACE_ID, ROOT_ID, b"", "", "n", 2, 1, 2, bad_attributes)
+    assert outcome(c_span, span) == outcome(_span, span) == c
+
+
+@needs_c
+def test_compiled_span_field_errors_are_the_pythons() -> None:
+    span = SpanRecord(TRACE_ID, ROOT_ID, ROOT_ID, "", "n", SPAN_KIND_SERVER, 1, 2, {"a": 1}, STATUS_ERROR, "m")
+    bad_spans = [
+        span._replace(kind=2**63),
+        span._replace(kind=INT64_MIN - 1),
+        span._replace(status_code=2**64),
+        span._replace(status_message="\udfff"),
+        span._replace(name="\ud800"),
+        span._replace(trace_state="\ud800"),
+        span._replace(start_ns=-1),
+        span._replace(end_ns=2**64),
+        span._replace(end_ns=1.5),  # type: ignore[arg-type]
+    ]
+    for bad in bad_spans:
+        c, python = outcome(c_span, bad), outcome(_span, bad)
+        assert c == python, bad
+        assert c[0] in ("ValueError", "UnicodeEncodeError", "error"), c  # error: struct.error
+    # what Python reads as false is left out, as ``if x:`` does
+    same_span(span._replace(parent_span_id=None, status_message=None, trace_state=None, kind=None))  # type: ignore[arg-type]
+    same_span(span._replace(start_ns=False, end_ns=True, flags=True, status_code=False, parent_is_remote=1))  # type: ignore[arg-type]
+
+
+@needs_c
+def test_compiled_refusals() -> None:
+    """What the compiled functions refuse where the Python ones raise something else, or nothing."""
+    assert C is not None
+    with pytest.raises(ValueError, match="tag must be"):
+        C.attributes({}, 0x12)
+    with pytest.raises(TypeError, match="keys must be str"):
+        C.attributes({1: "x"}, 0x4A)
+    with pytest.raises(TypeError, match="13 arguments"):
+        C.span(*SpanRecord(TRACE_ID, ROOT_ID, b"", "", "n", 2, 1, 2, {})[:12])
+    with pytest.raises(TypeError, match="trace_id must be bytes"):
+        C.span(*SpanRecord(bytearray(TRACE_ID), ROOT_ID, b"", "", "n", 2, 1, 2, {}))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="flags must be int"):
+        C.span(*SpanRecord(TRACE_ID, ROOT_ID, b"", "", "n", 2, 1, 2, {}, flags=1.0))  # type: ignore[arg-type]
+    recursive: list[Any] = ["a"]
+    recursive.append(recursive)
+    for attributes in ({"loop": recursive}, Attrs({"loop": recursive})):
+        with pytest.raises(RecursionError):
+            C.attributes(attributes, 0x4A)
+        with pytest.raises(RecursionError):
+            _attributes(attributes, b"\x4a")
+
+
+@contextmanager
+def pure_python() -> Iterator[None]:
+    """otlp_proto as it is without the extension: the pure-Python functions."""
+    with (
+        mock.patch.object(otlp_proto, "_c_span", None),
+        mock.patch.object(otlp_proto, "_encode_attributes", otlp_proto._attributes_by_tag),
+    ):
+        yield
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    resource=resource_dicts,
+    spans=traces(),
+    metrics=st.lists(histograms, min_size=1, max_size=2),
+    schema_url=st.sampled_from(["", SCHEMA_URL]),
+)
+def test_the_fallback_writes_the_same_requests(
+    resource: dict[str, Any], spans: list[SpanRecord], metrics: list[Histogram], schema_url: str
+) -> None:
+    """The public functions, with and without the extension, write the same bytes."""
+    dicts: list[Attributes] = [span.attributes for span in spans if not isinstance(span.attributes, bytes)]
+    encoded = [encode_attributes(attributes) for attributes in dicts]
+    pre_encoded = [span._replace(attributes=attributes) for span, attributes in zip(spans, encoded, strict=True)]
+    traces_body = encode_traces(resource, "gw", "1", spans + pre_encoded, schema_url)
+    metrics_body = encode_metrics(resource, "gw", "1", metrics, schema_url)
+    with pure_python():
+        assert [encode_attributes(attributes) for attributes in dicts] == encoded
+        assert encode_traces(resource, "gw", "1", spans + pre_encoded, schema_url) == traces_body
+        assert encode_metrics(resource, "gw", "1", metrics, schema_url) == metrics_body
