@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 from urllib.parse import unquote, urlsplit
 
-from gateway.observability.otlp_proto import AttrValue, SpanRecord, encode_metrics, encode_traces
+from gateway.observability.otlp_proto import AttrValue, encode_metrics, encode_traces
 
 if TYPE_CHECKING:
     import aiohttp
@@ -322,7 +322,7 @@ class OtlpExporter:
         self.config = config
         self._counters = counters
         self._transport = transport or transport_for(config)
-        self._queue: deque[SpanRecord] = deque()
+        self._queue: deque[bytes] = deque()  # encode_span's: no object per attribute held
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics_source: GenAiMetrics | None = None  # the tracer's histograms, when metrics are exported
@@ -332,7 +332,7 @@ class OtlpExporter:
         self._dropped = counters.spans.labels("dropped")
         self._failed = counters.spans.labels("failed")
 
-    def submit(self, spans: list[SpanRecord]) -> None:
+    def submit(self, spans: list[bytes]) -> None:
         queue = self._queue
         room = self.config.max_queue - len(queue)
         if room < len(spans):

@@ -54,6 +54,7 @@ __all__ = [
     "SpanRecord",
     "encode_attributes",
     "encode_metrics",
+    "encode_span",
     "encode_traces",
 ]
 
@@ -390,17 +391,21 @@ def encode_traces(
     resource: Attributes,
     scope_name: str,
     scope_version: str,
-    spans: Iterable[SpanRecord],
+    spans: Iterable[SpanRecord | bytes],
     schema_url: str = "",
 ) -> bytes:
     """A serialized ExportTraceServiceRequest: one ResourceSpans (``resource``'s attributes), one ScopeSpans
-    (``scope_name``, ``scope_version``) with ``spans`` in order. No spans: ``b""`` (an empty request)."""
+    (``scope_name``, ``scope_version``) with ``spans`` in order (a ``bytes`` one: ``encode_span``'s, as it is). No
+    spans: ``b""`` (an empty request)."""
     v1 = _V1
     pack_u16 = _pack_u16
     c_span = _c_span
     parts: list[bytes] = []
     for span in spans:
-        body = c_span(*span) if c_span is not None else _span(span)
+        if type(span) is bytes:
+            parts.append(span)
+            continue
+        body = c_span(*span) if c_span is not None else _span(span)  # type: ignore[arg-type]
         n = len(body)
         # ScopeSpans.spans (2): the tag, the length (a span is mostly 128 B to 16 KiB: a two-byte varint, packed
         # as one uint16), the span; not concatenated: _request's join copies each span once
@@ -413,6 +418,14 @@ def encode_traces(
     if not parts:
         return b""
     return _request(resource, _scope(scope_name, scope_version), parts, schema_url)
+
+
+def encode_span(span: SpanRecord) -> bytes:
+    """One span as the ``ScopeSpans.spans`` field it becomes in ``encode_traces`` (which takes it as it is): a queue
+    of these holds no Python object per attribute, and a span is encoded once, when it is made."""
+    body = _c_span(*span) if _c_span is not None else _span(span)
+    n = len(body)
+    return b"\x12" + (_V1[n] if n < 0x80 else _varint(n)) + body
 
 
 # --- metrics --------------------------------------------------------------------------------------------------------

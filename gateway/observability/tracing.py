@@ -35,6 +35,7 @@ from gateway.observability.otlp_proto import (
     SPAN_KIND_SERVER,
     STATUS_ERROR,
     SpanRecord,
+    encode_span,
 )
 from gateway.observability.otlp_proto import encode_attributes as _encode
 
@@ -267,10 +268,11 @@ class Tracer:
         if not (self.traces and trace.sampled):
             return
         answer = _answer(f) if completed or f.attempts else b""  # shared by the SERVER and the serving CLIENT span
-        spans = [self._server_span(f, trace, end_ns, operation, provider, error_type, answer)]
+        spans = [encode_span(self._server_span(f, trace, end_ns, operation, provider, error_type, answer))]
         last = len(attempts) - 1
         for n, attempt in enumerate(attempts):
-            spans.append(self._client_span(f, trace, attempt, n, n == last, end_ns, operation, error_type, answer))
+            span = self._client_span(f, trace, attempt, n, n == last, end_ns, operation, error_type, answer)
+            spans.append(encode_span(span))
         self.exporter.submit(spans)
 
     def _server_span(

@@ -18,7 +18,7 @@ from gateway.observability.otlp_export import (
     OtlpExporter,
     export_config,
 )
-from gateway.observability.otlp_proto import SPAN_KIND_SERVER, SpanRecord
+from gateway.observability.otlp_proto import SPAN_KIND_SERVER, SpanRecord, encode_span
 from gateway.settings import Settings, parse_settings
 
 
@@ -32,17 +32,19 @@ def config(**overrides: object) -> otlp_export.ExportConfig:
     return base._replace(**overrides)  # type: ignore[arg-type]
 
 
-def span(n: int) -> SpanRecord:
-    return SpanRecord(
-        trace_id=bytes(15) + bytes([1]),
-        span_id=n.to_bytes(8, "big"),
-        parent_span_id=b"",
-        trace_state="",
-        name=f"span {n}",
-        kind=SPAN_KIND_SERVER,
-        start_ns=1,
-        end_ns=2,
-        attributes={"n": n},
+def span(n: int) -> bytes:
+    return encode_span(
+        SpanRecord(
+            trace_id=bytes(15) + bytes([1]),
+            span_id=n.to_bytes(8, "big"),
+            parent_span_id=b"",
+            trace_state="",
+            name=f"span {n}",
+            kind=SPAN_KIND_SERVER,
+            start_ns=1,
+            end_ns=2,
+            attributes={"n": n},
+        )
     )
 
 
