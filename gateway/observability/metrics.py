@@ -21,6 +21,45 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
+class PlainValue:
+    """prometheus-client's ``MutexValue`` without its lock: a metric's value in a process whose metrics only its
+    event loop's thread writes (the gateway's: every ``inc`` and ``observe`` happens on the loop; worker threads
+    sign, hash and read files, and touch no metric). Half the cost of an update (a counter's ``inc`` 0.34 → 0.17 µs,
+    a histogram's ``observe`` 0.78 → 0.40 µs, measured), and ~10 updates a request; the exposition is the same
+    bytes (``tests/unit/test_metrics_values.py``). Not used with several workers: prometheus-client's multiprocess
+    value then writes to its files."""
+
+    _multiprocess = False
+    __slots__ = ("_exemplar", "_value")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self._value = 0.0
+        self._exemplar: object = None
+
+    def inc(self, amount: float) -> None:
+        self._value += amount
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self._value = value
+
+    def set_exemplar(self, exemplar: object) -> None:
+        self._exemplar = exemplar
+
+    def get(self) -> float:
+        return self._value
+
+    def get_exemplar(self) -> object:
+        return self._exemplar
+
+
+def use_plain_values() -> None:
+    """The metrics made from now on hold ``PlainValue`` s, unless prometheus-client is in multiprocess mode."""
+    from prometheus_client import values
+
+    if not multiprocess_dir() and not values.ValueClass.__dict__.get("_multiprocess", False):
+        values.ValueClass = PlainValue
+
+
 def multiprocess_dir() -> str | None:
     """prometheus-client's multiprocess directory: set by the CLI for ``workers > 1`` (each worker writes its
     values there; a scrape merges them), or by the operator."""
@@ -29,6 +68,7 @@ def multiprocess_dir() -> str | None:
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        use_plain_values()
         self.registry = registry or CollectorRegistry()
         self._children: dict[tuple[str, str, str, str], _Children] = {}
         r = self.registry
