@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -71,6 +72,7 @@ class Metrics:
         use_plain_values()
         self.registry = registry or CollectorRegistry()
         self._children: dict[tuple[str, str, str, str], _Children] = {}
+        self._added: dict[tuple[str, str], Any] = {}
         r = self.registry
         self.requests = Counter(
             "gateway_requests", "Requests by outcome.", ["alias", "provider", "model", "outcome"], registry=r
@@ -224,6 +226,13 @@ class Metrics:
             children.duration.observe(duration)
             if time_to_first_token is not None:
                 children.ttft.observe(time_to_first_token)
+
+    def added_latency_of(self, alias: str, provider: str) -> Any:
+        """The labelled child of ``gateway_added_latency_seconds`` (looked up once: ``labels()`` is not free)."""
+        child = self._added.get((alias, provider))
+        if child is None:
+            child = self._added[(alias, provider)] = self.added_latency.labels(alias, provider)
+        return child
 
     def ledger_rows(self, result: str, n: int) -> None:
         self.ledger_rows_total.labels(result).inc(n)

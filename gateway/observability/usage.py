@@ -102,7 +102,7 @@ class UsageTally:
         """The client's first byte is going out: what the gateway added to the provider's own wait."""
         if self.upstream_wait is not None and self.provider:
             added = self._clock() - self.started - self.upstream_wait
-            self._metrics.added_latency.labels(self.alias, self.provider).observe(max(0.0, added))
+            self._metrics.added_latency_of(self.alias, self.provider).observe(max(0.0, added))
 
     def observe(self, view: EventView) -> None:
         etype = view.type
