@@ -83,7 +83,7 @@ def test_dockerfile_builds_offline_pinned_and_slim() -> None:
     # the usage ledger's default SQLite file lives in a volume owned by the gateway's user
     assert 'VOLUME ["/var/lib/messages-gateway"]' in runtime
     assert "MESSAGES_GATEWAY_DATA_DIR=/var/lib/messages-gateway" in runtime
-    assert "[postgres,otel]" in dockerfile  # the ledger on PostgreSQL; OTLP over gRPC
+    assert "[postgres]" in dockerfile  # the ledger on PostgreSQL (OTLP over http/protobuf needs nothing more)
 
 
 def test_constraints_pin_every_dependency_within_pyproject() -> None:
