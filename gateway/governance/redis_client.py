@@ -11,10 +11,22 @@ the server has not seen it (``NOSCRIPT``, e.g. after a restart), ``AUTH`` and ``
 Commands asked in one turn of the event loop go out in one write at its end (ioredis's auto-pipelining): under
 load, admissions and settlements of several requests share a system call, and their replies a read.
 
-Timeouts: one timer per connection while anything is unanswered, not one per call. A command that has waited
-``timeout`` seconds (for the connection, or for its reply) fails the connection and with it every command under
-way on it (``RedisUnavailable``); the next call connects again. A call is a future, so a caller that needs no answer
-(the limiter's settlements) adds a callback instead of a task.
+Each connection, and each attempt at one, is an object of its own (``_Connection``) that holds the commands sent
+on it and not yet answered, in order (as ioredis keeps its command queue on the connection): its replies can settle
+only those. An attempt that is given up on (timed out, the client closed) is marked so, and whatever it does later
+(complete, fail, unwind its cancellation) touches nothing but itself: it can neither become the client's connection
+nor clear another attempt's state. At most one connection is live; one that is given up on is aborted and every
+command under way on it fails (``RedisUnavailable``).
+
+Timeouts: one timer per connection, not one per call: armed by a call when none is, it looks at the oldest
+unanswered command when it fires and arms again for it (or, everything answered, lapses: cheaper than cancelling it
+at every reply). A command that has waited ``timeout`` seconds (for the connection, or for its reply) fails the
+connection and with it every command under way on it; the next call connects again. A connect (with its AUTH /
+SELECT) has ``timeout`` seconds of its own from when it began. After a connect fails (refused, timed out, its set-up
+refused) the client waits a little before it tries again (50 ms, doubled at each failure in a row up to 1 s,
+jittered), and calls meanwhile fail at once: a Redis that is down costs a caller no wait, and is not hammered with
+connects. A call is a future, so a caller that needs no answer (the limiter's settlements) adds a callback instead
+of a task.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import random
 import ssl
 from collections import deque
 from typing import Any, cast
@@ -56,30 +69,61 @@ class Script:
 # server answers NOSCRIPT (EVAL with the script's text in place of EVALSHA: packed only then, not for every call).
 _Pending = tuple["asyncio.Future[Any] | None", float, tuple[Any, ...] | None]
 
+_RETRY_FIRST = 0.05  # seconds without a connect after one failed; doubled at each failure in a row ...
+_RETRY_MAX = 1.0  # ... up to this; each jittered down to half (workers and replicas do not come back in step)
+
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, client: RedisClient) -> None:
-        self._client = client
-        self._reader = hiredis.Reader(replyError=ReplyError)
+    """One connection, or one attempt at one: the commands sent on it (or queued for it while it connects) and not
+    yet answered are its own, so its replies settle only them. Once ``dead`` (given up on, lost, closed) nothing it
+    does later reaches the client."""
+
+    __slots__ = (
+        "client",
+        "dead",
+        "out",
+        "pending",
+        "reader",
+        "ready",
+        "setup",
+        "started",
+        "task",
+        "timer",
+        "transport",
+    )
+
+    def __init__(self, client: RedisClient, started: float) -> None:
+        self.client = client
+        self.reader = hiredis.Reader(replyError=ReplyError)
         self.transport: asyncio.Transport | None = None
+        self.pending: deque[_Pending] = deque()  # asked and unanswered, in the order they are (or will be) sent
+        self.out: list[bytes] = []  # packed, not yet written: until connected, or until the end of this loop turn
+        self.timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[None] | None = None  # the attempt, while it runs
+        self.started = started  # loop time the attempt began
+        self.ready = False  # connected, its set-up sent: commands are written as they come
+        self.setup = 0  # AUTH / SELECT not yet answered
+        self.dead = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not its subclasses
+        if self.dead:  # given up on while the loop was making it
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        reader, client = self._reader, self._client
+        reader, client = self.reader, self.client
         try:
             reader.feed(data)
             reply = reader.gets()
-            while reply is not False and client._conn is self:  # (a refused AUTH drops it mid-read)
-                client._reply(reply)
+            while reply is not False and not self.dead:  # (a refused AUTH drops it mid-read)
+                client._reply(self, reply)
                 reply = reader.gets()
-        except Exception as exc:  # a protocol error (hiredis.ProtocolError): nothing more on it can be trusted
-            self._client._lost(self, RedisUnavailable(f"Redis protocol error: {exc}"))
+        except Exception as exc:  # a protocol error (hiredis.ProtocolError), or a reply nothing was asked for
+            client._drop(self, RedisUnavailable(f"Redis protocol error: {exc}"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         said = f"Redis closed the connection ({exc})" if exc else "Redis closed the connection"
-        self._client._lost(self, RedisUnavailable(said))
+        self.client._drop(self, RedisUnavailable(said))
 
 
 class RedisClient:
@@ -88,14 +132,13 @@ class RedisClient:
     def __init__(self, url: str, *, timeout: float = 1.0) -> None:
         self.endpoint = parse_url(url)
         self.timeout = timeout
-        self._conn: _Connection | None = None  # connected
-        self._connecting: asyncio.Task[None] | None = None
-        self._queued: list[bytes] = []  # packed while connecting
-        self._out: list[bytes] = []  # packed in this loop turn, written together at its end
-        self._pending: deque[_Pending] = deque()
-        self._timer: asyncio.TimerHandle | None = None
+        self._conn: _Connection | None = None  # the live one: connected, or being connected
+        self._tasks: set[asyncio.Task[None]] = set()  # connect attempts still running (a given-up one unwinding)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._failures = 0  # connects failed in a row
+        self._retry_at = 0.0  # loop time before which no connect is tried (calls fail at once)
+        self._why = ""  # the last connect's failure
 
     # -- calls -----------------------------------------------------------------------------------------------
 
@@ -115,141 +158,198 @@ class RedisClient:
                 self._forget_loop()
             self._loop = loop
         future: asyncio.Future[Any] = loop.create_future()
-        if self._closed:
-            future.set_exception(RedisUnavailable("the Redis client is closed"))
-            return future
-        self._push((future, loop.time(), fallback), packed)
+        conn = self._conn
+        if conn is None:
+            conn = self._open(loop, future)
+            if conn is None:
+                return future  # failed: closed, or waiting after a failed connect
+        self._push(conn, (future, loop.time(), fallback), packed)
         return future
 
-    def _push(self, pending: _Pending, packed: bytes) -> None:
-        self._pending.append(pending)
-        conn = self._conn
-        if conn is not None and conn.transport is not None:
-            self._out.append(packed)
-            if len(self._out) == 1:  # the first of this loop turn: written with the others at its end
-                assert self._loop is not None
-                self._loop.call_soon(self._write, conn)
-        else:
-            self._queued.append(packed)
-            if self._connecting is None:
-                assert self._loop is not None
-                self._connecting = self._loop.create_task(self._connect())
-        if self._timer is None:
+    def _push(self, conn: _Connection, pending: _Pending, packed: bytes) -> None:
+        conn.pending.append(pending)
+        out = conn.out
+        out.append(packed)
+        if conn.ready and len(out) == 1:  # the first of this loop turn: written with the others at its end
             assert self._loop is not None
-            self._timer = self._loop.call_at(pending[1] + self.timeout, self._check_time)
+            self._loop.call_soon(self._write, conn)
+        if conn.timer is None:
+            assert self._loop is not None
+            conn.timer = self._loop.call_at(pending[1] + self.timeout, self._check_time, conn)
 
     def _write(self, conn: _Connection) -> None:
-        if conn is not self._conn or conn.transport is None:
-            return  # the connection failed meanwhile, and these commands with it (_fail)
-        out, self._out = self._out, []
-        conn.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if conn.dead:
+            return  # the connection failed meanwhile, and these commands with it (_drop)
+        out, conn.out = conn.out, []
+        conn.transport.write(out[0] if len(out) == 1 else b"".join(out))  # type: ignore[union-attr]  # ready: set
 
     # -- the connection ----------------------------------------------------------------------------------------
 
-    async def _connect(self) -> None:
-        assert self._loop is not None
+    def _open(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> _Connection | None:
+        """A new attempt, made the client's connection at once (later calls queue on it); or ``None`` with
+        ``future`` failed when the client is closed or waits after a failed connect."""
+        if self._closed:
+            future.set_exception(RedisUnavailable("the Redis client is closed"))
+            return None
+        now = loop.time()
+        if now < self._retry_at:
+            future.set_exception(RedisUnavailable(f"{self._why} (trying again in {self._retry_at - now:.2f} s)"))
+            return None
+        conn = self._conn = _Connection(self, now)
+        conn.timer = loop.call_at(now + self.timeout, self._check_time, conn)  # the connect's own deadline
+        task = conn.task = loop.create_task(self._connect(conn))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return conn
+
+    async def _connect(self, conn: _Connection) -> None:
+        loop = self._loop
+        assert loop is not None
         end = self.endpoint
-        conn = _Connection(self)
         try:
             if end.path is not None:
-                await self._loop.create_unix_connection(lambda: conn, end.path)
+                await loop.create_unix_connection(lambda: conn, end.path)
             else:
                 context = ssl.create_default_context() if end.tls else None
-                await self._loop.create_connection(
+                await loop.create_connection(
                     lambda: conn, end.host, end.port, ssl=context, server_hostname=end.host if end.tls else None
                 )
-        except (OSError, ssl.SSLError) as exc:
-            self._connecting = None
-            self._fail(RedisUnavailable(f"cannot connect to Redis at {self._where()}: {exc}"))
-            return
-        except asyncio.CancelledError:  # closed, or timed out (_check_time) while connecting
-            self._connecting = None
+        except asyncio.CancelledError:  # given up on (_drop): timed out, or the client closed
             if conn.transport is not None:
                 conn.transport.abort()
             raise
-        self._connecting = None
+        except Exception as exc:  # OSError, ssl.SSLError, …
+            conn.task = None
+            self._connect_failed(conn, f"cannot connect to Redis at {self._where()}: {exc}")
+            return
+        conn.task = None
         assert conn.transport is not None
+        if conn.dead or conn is not self._conn:  # given up on as it completed: it is no one's
+            self._drop(conn, RedisUnavailable("the Redis connection was given up on"))
+            conn.transport.abort()  # (_drop did, unless it was dead already)
+            return
         hello: list[bytes] = []
         if end.password is not None:
             hello.append(_pack((b"AUTH", end.username, end.password) if end.username else (b"AUTH", end.password)))
         if end.db:
             hello.append(_pack((b"SELECT", end.db)))
-        now = self._loop.time()
-        for _ in hello:  # answered before everything queued, so they go first
-            self._pending.appendleft((None, now, None))
-        self._conn = conn
-        queued, self._queued = self._queued, []
+        if hello:  # answered before everything queued, so they go first; due with the connect
+            conn.setup = len(hello)
+            conn.pending.extendleft([(None, conn.started, None)] * len(hello))
+        else:
+            self._failures = 0
+        conn.ready = True
+        queued, conn.out = conn.out, []
         conn.transport.write(b"".join(hello + queued))
 
     def _where(self) -> str:
         end = self.endpoint
         return end.path if end.path is not None else f"{end.host}:{end.port}"
 
-    def _reply(self, reply: Any) -> None:
-        future, _, fallback = self._pending.popleft()
+    def _reply(self, conn: _Connection, reply: Any) -> None:
+        pending = conn.pending
+        future, _, fallback = pending.popleft()
         if future is None:  # AUTH or SELECT
             if isinstance(reply, ReplyError):
-                self._drop(RedisUnavailable(f"Redis refused the connection's set-up: {reply}"))
-            return
-        if isinstance(reply, ReplyError):
+                self._connect_failed(conn, f"Redis refused the connection's set-up: {reply}")
+                return
+            conn.setup -= 1
+            if not conn.setup:
+                self._failures = 0
+        elif isinstance(reply, ReplyError):
             if fallback is not None and str(reply).startswith("NOSCRIPT"):
                 assert self._loop is not None
-                self._push((future, self._loop.time(), None), _pack(fallback))
+                self._push(conn, (future, self._loop.time(), None), _pack(fallback))
                 return
             if not future.done():
                 future.set_exception(reply)
         elif not future.done():
             future.set_result(reply)
-        if not self._pending and self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
-    def _check_time(self) -> None:
-        """Fires ``timeout`` after the oldest unanswered command was asked, or re-arms for the next oldest."""
-        self._timer = None
-        if not self._pending:
+    def _check_time(self, conn: _Connection) -> None:
+        """Fires ``timeout`` after the attempt began while it connects, then ``timeout`` after the oldest
+        unanswered command was asked (or a later one: it re-arms for the oldest, and lapses when none is left)."""
+        conn.timer = None
+        if conn.dead:
+            return
+        loop = self._loop
+        assert loop is not None
+        if not conn.ready:
+            due = conn.started + self.timeout
+            if loop.time() >= due:
+                self._connect_failed(conn, f"cannot connect to Redis at {self._where()} within {self.timeout:g} s")
+                return
+        elif conn.pending:
+            due = conn.pending[0][1] + self.timeout
+            if loop.time() >= due:
+                self._drop(conn, RedisUnavailable(f"no answer from Redis within {self.timeout:g} s"))
+                return
+        else:
+            return
+        conn.timer = loop.call_at(due, self._check_time, conn)
+
+    def _connect_failed(self, conn: _Connection, why: str) -> None:
+        """The attempt failed: given up on, and no other made until a while later (longer at each failure)."""
+        if conn.dead:
             return
         assert self._loop is not None
-        due = self._pending[0][1] + self.timeout
-        if self._loop.time() >= due:
-            self._drop(RedisUnavailable(f"no answer from Redis within {self.timeout:g} s"))
-        else:
-            self._timer = self._loop.call_at(due, self._check_time)
+        self._failures += 1
+        wait = min(_RETRY_MAX, _RETRY_FIRST * 2 ** (self._failures - 1)) * (0.5 + random.random() / 2)
+        self._retry_at = self._loop.time() + wait
+        self._why = why
+        self._drop(conn, RedisUnavailable(why))
 
-    def _drop(self, error: RedisUnavailable) -> None:
+    def _drop(self, conn: _Connection, error: RedisUnavailable) -> None:
         """Give up on the connection (made or being made) and every command under way on it."""
-        conn, self._conn = self._conn, None
-        if self._connecting is not None:
-            self._connecting.cancel()
-            self._connecting = None
-        self._fail(error)
-        if conn is not None and conn.transport is not None:
-            conn.transport.abort()
-
-    def _lost(self, conn: _Connection, error: RedisUnavailable) -> None:
+        if conn.dead:
+            return
+        conn.dead = True
         if conn is self._conn:
-            self._drop(error)
-
-    def _fail(self, error: RedisUnavailable) -> None:
-        pending, self._pending = self._pending, deque()
-        self._queued, self._out = [], []
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+            self._conn = None
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
+        if conn.task is not None:
+            conn.task.cancel()  # its create_connection closes what it made; see _connect
+            conn.task = None
+        if conn.transport is not None:
+            conn.transport.abort()
+        pending, conn.pending, conn.out = conn.pending, deque(), []
         for future, _, _ in pending:
             if future is not None and not future.done():
                 future.set_exception(error)
 
     def _forget_loop(self) -> None:
-        conn, self._conn, self._connecting, self._timer = self._conn, None, None, None
-        self._pending, self._queued, self._out = deque(), [], []
-        if conn is not None and conn.transport is not None:
+        conn, self._conn, self._tasks = self._conn, None, set()
+        self._failures, self._retry_at = 0, 0.0  # the new loop's clock is not the old one's
+        if conn is not None:
+            conn.dead = True
+            timer, task, transport = conn.timer, conn.task, conn.transport
             with contextlib.suppress(RuntimeError):  # its loop is closed
-                conn.transport.abort()
+                if timer is not None:
+                    timer.cancel()
+            with contextlib.suppress(RuntimeError):
+                if task is not None:
+                    task.cancel()
+            with contextlib.suppress(RuntimeError):
+                if transport is not None:
+                    transport.abort()
 
     async def aclose(self) -> None:
+        """Give up on the connection, or the attempt at one, failing every call under way; and wait for any
+        attempt still unwinding, so that nothing is left running."""
         self._closed = True
-        self._drop(RedisUnavailable("the Redis client is closed"))
+        if self._loop is not asyncio.get_running_loop():
+            if self._loop is not None:
+                self._forget_loop()
+            return
+        if self._conn is not None:
+            self._drop(self._conn, RedisUnavailable("the Redis client is closed"))
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
         await asyncio.sleep(0)  # let the transport's close run
 
 
