@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import select
 import ssl
 import zlib
 from collections import deque
@@ -369,11 +370,29 @@ class HttpxClient:
 # timer per connection, reset in ``data_received``), ``Content-Length`` and chunked bodies (``httptools``),
 # ``gzip`` / ``deflate`` decompressed as the body arrives (``read(limit)`` refuses a body that inflates past its
 # limit), redirects never followed (the seam's rule), no cookies, no proxies (as the aiohttp client: no
-# ``trust_env``). A connection whose answer was not read to its end is closed, never reused. Select it with
-# ``MESSAGES_GATEWAY_UPSTREAM_CLIENT=h1`` (``gateway.wire.upstream.make_client``).
+# ``trust_env``). Interim answers (``100 Continue``, ``103 Early Hints``) are skipped and their headers dropped; a
+# ``101`` fails the request; chunked trailers are not headers. A connection whose answer was not read to its end is
+# closed, never reused; so is one that sends a byte past its answer's end or while it is idle in the pool (its
+# state, ``_HEAD`` … ``_BROKEN`` below, is checked on every read and parser callback, and an idle socket is polled
+# before reuse). Select it with ``MESSAGES_GATEWAY_UPSTREAM_CLIENT=h1`` (``gateway.wire.upstream.make_client``).
 
 _MAX_IDLE_PER_HOST = 64
 _HIGH_WATER = 1 << 20  # bytes of body held unread before the socket stops being read (the client is slow)
+
+# A connection's state (h11 keeps one; ``_Conn.state``), checked in ``data_received`` and in each parser callback.
+# An answer may be preceded by interim ones (``100 Continue``, ``103 Early Hints``: any 1xx but ``101``), which are
+# skipped, their headers dropped, the connection staying in ``_HEAD``. The values are ordered so that
+# ``data_received`` tells with one compare whether a byte may come now.
+_HEAD = 0
+"""A request was sent: its answer's head is awaited (after any interim answers)."""
+_BODY = 1
+"""The final answer's head is in: its body is being read (a header now is a trailer: not kept)."""
+_DONE = 2
+"""The final answer is whole: a byte now is past its end, a protocol error (the connection is retired)."""
+_IDLE = 3
+"""In the pool, or not yet sent on: no answer is due, a byte now is nobody's (the connection is retired)."""
+_BROKEN = 4
+"""Closed: never reused."""
 
 
 class _H1Headers(Mapping[str, str]):
@@ -409,13 +428,15 @@ class _Conn(asyncio.Protocol):
         self.key = key
         self.transport: asyncio.Transport | None = None
         self.closed = False
-        self.idle = True  # no request of ours is waiting for an answer: any byte that comes is nobody's
+        self.poll: select.poll | None = None  # the socket, to see whether it is readable before reuse
         self.read_timeout = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._last_read = 0.0  # when the read timer runs: the loop time of the last read
         self._reset()
 
     def _reset(self) -> None:
+        """Ready for the next request (no request of ours is waiting for an answer: ``_IDLE``)."""
+        self.state = _IDLE
         self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: dict[str, str] = {}
@@ -432,24 +453,34 @@ class _Conn(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # a TCP transport (uvloop's is no asyncio.Transport)
+        # Before an idle connection is reused, one ``poll`` with no wait tells whether its socket holds bytes (or the
+        # peer's close) the loop has not read yet (as httpcore checks): a busy loop may not have read what came
+        # while the connection was pooled, and those bytes would be read as the next request's answer.
+        sock = transport.get_extra_info("socket")
+        if sock is not None and hasattr(select, "poll"):
+            self.poll = select.poll()
+            self.poll.register(sock.fileno(), select.POLLIN)
 
     def data_received(self, data: bytes) -> None:
-        if self.idle:  # an answer nobody asked for (an unsolicited response, a 408 before a close): never read
-            self.reusable = False
-            self.close()
+        if self.state > _BODY:  # _DONE, _IDLE: a byte past the answer's end, or nobody's (an unsolicited response,
+            self._stray()  # a 408 before a delayed close): never read, the connection never reused
             return
         if self._timer is not None:  # the silence counts from here (the timer re-arms itself for the rest)
             self._last_read = self.loop.time()
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:  # pragma: no cover - providers do not upgrade
+        except httptools.HttpParserUpgrade:  # pragma: no cover - a 101 fails in ``on_headers_complete`` first
             self._fail(ConnectionError("unexpected protocol upgrade"))
         except httptools.HttpParserError as exc:
             if self.complete:  # bytes past the response's end (``on_message_begin``): its body is whole
-                self.reusable = False
-                self.close()
-            else:
+                self._stray()
+            else:  # (a callback's own failure, a 101, is kept: ``_fail`` keeps the first error)
                 self._fail(ConnectionError(f"malformed HTTP response: {exc}"))
+
+    def _stray(self) -> None:
+        """Bytes no answer of ours holds: the connection is retired (an answer already whole is still read)."""
+        self.reusable = False
+        self.close()
 
     def _ended_by_close(self) -> bool:
         """A body with neither a length nor chunks ends with the connection (HTTP/1.1 §6.3)."""
@@ -467,6 +498,7 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.state = _BROKEN
         self._stop_timer()
         self._end(exc)
 
@@ -480,20 +512,28 @@ class _Conn(asyncio.Protocol):
             return
         self._fail(exc or ConnectionError("the connection closed before the response was complete"))
 
-    # httptools callbacks
+    # httptools callbacks (llhttp goes on parsing past a message's end: each checks the state)
     def on_message_begin(self) -> None:
-        if self.complete:  # a second message after the one asked for (in the same read or later): stop parsing
+        if self.state != _HEAD:  # a message after the final answer (in the same read): stop parsing
             raise ConnectionError("bytes after the end of the response")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        if self.state == _HEAD:  # not a trailer (``_BODY``): trailers are not merged into the headers
+            self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        if not self.head.done():
-            self.head.set_result(None)
+        status = self.status = self.parser.get_status_code()  # (an interim one too: the request is not retried)
+        if status >= 200:
+            self.state = _BODY
+            if not self.head.done():
+                self.head.set_result(None)
+        elif status == 101:  # this client never asks to switch: the connection is the provider's no more
+            self._fail(ConnectionError("the provider switched protocols (101) on a request that asked for none"))
+            raise ConnectionError("101 Switching Protocols")  # stop parsing
+        else:  # an interim answer (100 Continue, 103 Early Hints): its headers dropped, the final answer follows
+            self.headers = {}
 
-    def on_body(self, body: bytes) -> None:
+    def on_body(self, body: bytes) -> None:  # only in _BODY: llhttp gives an interim answer no body, a 101 stops it
         self.body.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
@@ -509,6 +549,9 @@ class _Conn(asyncio.Protocol):
             self.transport.resume_reading()
 
     def on_message_complete(self) -> None:
+        if self.state != _BODY:  # the end of an interim answer (``_HEAD``): the final one is still to come
+            return
+        self.state = _DONE
         self.complete = True
         self.reusable = self.parser.should_keep_alive()
         self._stop_timer()
@@ -552,6 +595,7 @@ class _Conn(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self.state = _BROKEN
         self._stop_timer()
         if self.transport is not None:
             self.transport.close()
@@ -662,8 +706,7 @@ class H1Client:
         if self._closed or len(idle) >= _MAX_IDLE_PER_HOST:
             conn.close()
             return
-        conn._reset()
-        conn.idle = True
+        conn._reset()  # _IDLE: a byte that comes while it is pooled retires it
         idle.append(conn)
 
     async def _connect(self, key: tuple[str, str, int], seconds: float) -> _Conn:
@@ -690,8 +733,15 @@ class H1Client:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
-            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+            transport, poll = conn.transport, conn.poll
+            if (
+                conn.state == _IDLE
+                and transport is not None
+                and not transport.is_closing()
+                and (poll is None or not poll.poll(0))  # nothing came while it was idle that the loop has not read
+            ):
                 return conn
+            conn.close()  # closed meanwhile, or bytes came while it was idle that the loop has not read yet
         return None
 
     async def send(
@@ -710,7 +760,7 @@ class H1Client:
                 if conn is None:
                     conn = await self._connect(key, timeouts.connect)
                 assert conn.transport is not None
-                conn.idle = False
+                conn.state = _HEAD
                 conn.start_timer(timeouts.read)
                 conn.transport.write(head + body if body else head)
                 await conn.head
