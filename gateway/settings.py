@@ -185,6 +185,11 @@ def parse_url(url: str) -> Endpoint:
         raise ValueError("limits.redis_url: the database number must be 0 or more")
     username = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password is not None else None
+    if username is not None and password is None:  # it would connect as `default`, not as the user it names
+        raise ValueError(
+            f"limits.redis_url: the user {username!r} has no password (redis://{username}:<password>@host; "
+            "an ACL user always has one)"
+        )
     if parts.scheme == "unix":
         if not parts.path:
             raise ValueError("limits.redis_url: unix:// needs a socket path (unix:///run/redis.sock)")

@@ -64,6 +64,8 @@ def test_urls_are_read_as_redis_py_reads_them(url: str, endpoint: Endpoint) -> N
         ("redis://redis/0?socket_timeout=1", "unsupported parameter"),
         ("unix://", "needs a socket path"),
         ("redis:///0", "no host"),
+        ("redis://gw@redis:6379/0", "has no password"),  # would have authenticated as `default` (issue 37, 11)
+        ("unix://gw@/run/redis.sock", "has no password"),
     ],
 )
 def test_a_url_it_cannot_use_is_refused_when_the_config_is_read(url: str, says: str) -> None:
