@@ -243,6 +243,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
+        if self._discarding:  # the parser refused the head in this read: answered once, already closing
+            return
         if self._in_head and not self.transport.is_closing():  # a head still incomplete after this read
             if self._head_bytes > self._limits.max_header_bytes:
                 self._reject_head(f"the request head exceeds {self._limits.max_header_bytes} bytes")

@@ -4,6 +4,7 @@ and count limits, malformed HTTP, and an overload that sheds only the excess."""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -326,3 +327,17 @@ models: {slow: {targets: [{provider: slow}]}}
         assert httpx.get(f"{gw.url}/healthz").status_code == 200  # not a Messages route: never shed
         after = httpx.post(f"{gw.url}/v1/messages", json={"model": "slow", **KW})
         assert after.status_code == 200
+
+
+def test_a_head_over_the_size_limit_in_one_read_is_answered_once_without_an_error(
+    gw: RunningGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37, 13: the head completed within its one read, and was rejected twice — the second answer written
+    after ``write_eof`` (a RuntimeError and a traceback per request: a log flood any client could cause)."""
+    with caplog.at_level(logging.ERROR):
+        sock = connect(gw)
+        sock.sendall(head_with(b"x-big: " + b"a" * 20_000 + b"\r\n") + b"\r\n")
+        got = read_all(sock)
+        time.sleep(0.2)
+    assert got.count(b"HTTP/1.1 431") == 1
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
