@@ -439,6 +439,7 @@ class _Conn(asyncio.Protocol):
         self.state = _IDLE
         self.parser = httptools.HttpResponseParser(self)
         self.status = 0
+        self.got = 0  # bytes of this request's answer read (a resend is safe only while it is 0)
         self.headers: dict[str, str] = {}
         self._name = ""
         self.head: asyncio.Future[None] = self.loop.create_future()
@@ -467,6 +468,7 @@ class _Conn(asyncio.Protocol):
             return
         if self._timer is not None:  # the silence counts from here (the timer re-arms itself for the rest)
             self._last_read = self.loop.time()
+        self.got += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # pragma: no cover - a 101 fails in ``on_headers_complete`` first
@@ -771,8 +773,10 @@ class H1Client:
             except (OSError, ConnectionError) as exc:
                 if conn is not None:
                     conn.close()
-                if reused and conn is not None and not conn.body and conn.status == 0:
-                    continue  # nothing was answered on a stale keep-alive connection: retry on a new one
+                if reused and conn is not None and conn.got == 0:
+                    # not one byte answered on a stale keep-alive connection: once more on a new one. A byte of an
+                    # answer (malformed, or cut) means the provider had the request: a resend could bill it twice
+                    continue
                 raise _unreachable(url, exc) from exc
             except asyncio.CancelledError:
                 if conn is not None:

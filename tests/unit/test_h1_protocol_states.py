@@ -306,3 +306,31 @@ def test_trailers_are_not_response_headers(name: str, later: bool) -> None:
 
     upstream = exchange(respond, test)
     assert upstream.seen == [(1, 1), (1, 2)]
+
+
+# --- resends ------------------------------------------------------------------------------------------------
+
+
+def test_a_malformed_answer_on_a_reused_connection_is_not_sent_again() -> None:
+    """Issue 37, 6: the provider had the request (it answered, if badly): a resend could bill it twice. Only a
+    stale connection on which not one byte of an answer arrived is tried again on a new one."""
+
+    async def respond(n: int, writer: asyncio.StreamWriter) -> None:
+        if n == 1:
+            writer.write(answer(n))
+            return
+        writer.write(b"HTTP/1.1 2xx garbage\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def test(url: str) -> None:
+        client = H1Client()
+        try:
+            own_answer(await ask(client, url, 1), 1)
+            with pytest.raises(UpstreamConnectionError):
+                await ask(client, url, 2)
+        finally:
+            await client.aclose()
+
+    upstream = exchange(respond, test)
+    assert [n for _, n in upstream.seen] == [1, 2]  # request 2 reached the provider once
