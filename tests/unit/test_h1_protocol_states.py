@@ -334,3 +334,34 @@ def test_a_malformed_answer_on_a_reused_connection_is_not_sent_again() -> None:
 
     upstream = exchange(respond, test)
     assert [n for _, n in upstream.seen] == [1, 2]  # request 2 reached the provider once
+
+
+def test_a_response_head_that_never_ends_is_refused_at_the_limit() -> None:
+    """Issue 37, 5: the provider's head is bounded as a client's is (``MAX_RESPONSE_HEAD``): a header that goes on
+    and on fails the request once past it, instead of being parsed for seconds."""
+    from gateway.wire.upstream import MAX_RESPONSE_HEAD
+
+    sent: list[int] = []
+
+    async def respond(n: int, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Endless: ")
+        try:
+            for _ in range(4096):  # up to 64 MiB
+                writer.write(b"a" * 16384)
+                await writer.drain()
+                sent.append(16384)
+        except ConnectionError:
+            return
+
+    async def test(url: str) -> None:
+        client = H1Client()
+        started = time.monotonic()
+        try:
+            with pytest.raises(UpstreamConnectionError):
+                await ask(client, url, 1)
+        finally:
+            await client.aclose()
+        assert time.monotonic() - started < 2
+
+    exchange(respond, test)
+    assert sum(sent) < 64 * MAX_RESPONSE_HEAD  # it stopped reading long before the 64 MiB
