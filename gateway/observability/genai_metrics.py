@@ -108,9 +108,6 @@ class GenAiMetrics:
             found = self._series[key] = Series(INSTRUMENTS[instrument].bounds, time.time_ns())
         return found
 
-    def record(self, instrument: int, attributes: Attributes, value: float) -> None:
-        self.series(instrument, attributes).add(value)
-
     def collect(self, now_ns: int | None = None) -> list[Histogram]:
         """Every series' cumulative data point, by instrument."""
         now_ns = now_ns or time.time_ns()

@@ -120,7 +120,6 @@ _TWO64: Final = 1 << 64
 
 _pack_u64 = struct.Struct("<Q").pack
 _pack_u32 = struct.Struct("<I").pack
-_pack_u16 = struct.Struct("<H").pack
 _pack_f64 = struct.Struct("<d").pack
 
 _V1: Final = tuple(bytes((i,)) for i in range(128))  # the varints of one byte
@@ -397,24 +396,7 @@ def encode_traces(
     """A serialized ExportTraceServiceRequest: one ResourceSpans (``resource``'s attributes), one ScopeSpans
     (``scope_name``, ``scope_version``) with ``spans`` in order (a ``bytes`` one: ``encode_span``'s, as it is). No
     spans: ``b""`` (an empty request)."""
-    v1 = _V1
-    pack_u16 = _pack_u16
-    c_span = _c_span
-    parts: list[bytes] = []
-    for span in spans:
-        if type(span) is bytes:
-            parts.append(span)
-            continue
-        body = c_span(*span) if c_span is not None else _span(span)  # type: ignore[arg-type]
-        n = len(body)
-        # ScopeSpans.spans (2): the tag, the length (a span is mostly 128 B to 16 KiB: a two-byte varint, packed
-        # as one uint16), the span; not concatenated: _request's join copies each span once
-        if n < 0x80:
-            parts += (b"\x12", v1[n], body)
-        elif n < 0x4000:
-            parts += (b"\x12", pack_u16((n & 0x7F) | 0x80 | (n >> 7) << 8), body)
-        else:
-            parts += (b"\x12", _varint(n), body)
+    parts = [span if type(span) is bytes else encode_span(span) for span in spans]  # type: ignore[arg-type]
     if not parts:
         return b""
     return _request(resource, _scope(scope_name, scope_version), parts, schema_url)

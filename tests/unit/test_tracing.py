@@ -1,0 +1,117 @@
+"""The tracer's own decisions, over the exporter's in-memory transport: which ``traceparent`` it continues, which
+traces it samples (``sample_ratio``; a caller's flag decides for its own), that an unsampled request still counts
+in the GenAI metrics, and that the histograms stop taking new series past their bound."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.observability.genai_metrics import SERVER_DURATION, GenAiMetrics
+from gateway.observability.otlp_export import ExportCounters, MemoryTransport, OtlpExporter, export_config
+from gateway.observability.recording import Finished
+from gateway.observability.tracing import RequestTrace, Tracer, parse_traceparent
+from gateway.settings import parse_settings
+from gateway.wire.events import Usage
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+SPAN = "00f067aa0ba902b7"
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [
+        (f"00-{TRACE}-{SPAN}-01", (bytes.fromhex(TRACE), bytes.fromhex(SPAN), 1)),
+        (f"00-{TRACE.upper()}-{SPAN}-00", (bytes.fromhex(TRACE), bytes.fromhex(SPAN), 0)),
+        (f"01-{TRACE}-{SPAN}-01-future", (bytes.fromhex(TRACE), bytes.fromhex(SPAN), 1)),  # a later version: as 00
+        (f"00-{TRACE}-{SPAN}-01-extra", None),  # version 00 has exactly four fields
+        (f"ff-{TRACE}-{SPAN}-01", None),  # the invalid version
+        (f"00-{'0' * 32}-{SPAN}-01", None),  # an all-zero trace id
+        (f"00-{TRACE}-{'0' * 16}-01", None),  # an all-zero span id
+        (f"00-{TRACE[:-1]}g-{SPAN}-01", None),  # not hex
+        (f"00_{TRACE}_{SPAN}_01", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_traceparent(value: str | None, parsed: tuple[bytes, bytes, int] | None) -> None:
+    assert parse_traceparent(value) == parsed
+
+
+def tracer(**kwargs: object) -> tuple[Tracer, MemoryTransport]:
+    config = export_config(
+        parse_settings("auth: {open: true}\ntelemetry: {otlp: {endpoint: 'http://127.0.0.1:1'}}", environ={}),
+        environ={},
+    )
+    assert config is not None
+    transport = MemoryTransport()
+    exporter = OtlpExporter(config, ExportCounters(CollectorRegistry()), transport)
+    return Tracer(exporter, **kwargs), transport  # type: ignore[arg-type]
+
+
+def finished(trace: RequestTrace) -> Finished:
+    return Finished(
+        started_at=0.0,
+        request_id="req_1",
+        upstream_request_id="",
+        method="POST",
+        path="/v1/messages",
+        key_name="",
+        team="",
+        user="",
+        session_id="",
+        agent_id="",
+        alias="*",
+        provider="c1",
+        model="m",
+        model_label="",
+        stream=False,
+        routed=True,
+        outcome="completed",
+        status=200,
+        usage=Usage(input_tokens=3, output_tokens=5),
+        cost_usd=None,
+        ttft=None,
+        duration=0.01,
+        attempts=1,
+        timed=True,
+        trace=trace,
+    )
+
+
+def serve(t: Tracer, headers: dict[str, str]) -> RequestTrace:
+    trace = t.start(headers)
+    trace.attempt("c1", "anthropic", "m")
+    t.record(finished(trace), trace)
+    return trace
+
+
+def test_sample_ratio_and_the_callers_flag() -> None:
+    never, _ = tracer(sample_ratio=0.0)
+    queued = never.exporter._queue
+    assert not serve(never, {}).sampled and len(queued) == 0  # not sampled: no spans…
+    assert never.genai is not None and never.genai.collect()  # …but counted in the GenAI metrics
+    trace = serve(never, {"traceparent": f"00-{TRACE}-{SPAN}-01"})  # the caller's flag decides for its trace
+    assert trace.sampled and trace.trace_id.hex() == TRACE and trace.parent_id.hex() == SPAN and len(queued) == 2
+    always, _ = tracer(sample_ratio=1.0)
+    assert not serve(always, {"traceparent": f"00-{TRACE}-{SPAN}-00"}).sampled and len(always.exporter._queue) == 0
+    half, _ = tracer(sample_ratio=0.5)
+    sampled = sum(serve(half, {}).sampled for _ in range(2000))
+    assert 850 < sampled < 1150  # the trace id's low 64 bits against the ratio (TraceIdRatioBased)
+
+
+def test_the_upstream_traceparent_is_the_attempts_span() -> None:
+    t, _ = tracer()
+    trace = t.start({"traceparent": f"00-{TRACE}-{SPAN}-01"})
+    attempt = trace.attempt("c1", "anthropic", "m")
+    assert trace.traceparent(attempt) == f"00-{TRACE}-{attempt.span_id.hex()}-01"
+    assert attempt.span_id != trace.span_id and attempt.span_id.hex() != SPAN
+
+
+def test_the_histograms_stop_taking_new_series_at_their_bound() -> None:
+    metrics = GenAiMetrics(max_series=2)
+    for n in range(4):
+        metrics.series(SERVER_DURATION, (("gen_ai.request.model", f"m{n}"),)).add(0.5)
+    assert metrics.overflow == 2
+    (histogram,) = metrics.collect()
+    assert [p.attributes["gen_ai.request.model"] for p in histogram.points] == ["m0", "m1"]
