@@ -25,7 +25,7 @@ import os
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 from urllib.parse import unquote, urlsplit
 
@@ -326,6 +326,7 @@ class OtlpExporter:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics_source: GenAiMetrics | None = None  # the tracer's histograms, when metrics are exported
+        self.before_export: Callable[[], None] | None = None  # the tracer's: what it set aside, built now
         self._logged_at = -_LOG_EVERY_S
         self._unlogged = 0
         self._exported = counters.spans.labels("exported")
@@ -358,6 +359,7 @@ class OtlpExporter:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._wake.wait()
+            self._flush()
             while self._queue:
                 await self._export_spans()
                 if len(self._queue) < self.config.max_batch:
@@ -389,10 +391,15 @@ class OtlpExporter:
         else:
             self._failed.inc(len(batch))
 
+    def _flush(self) -> None:
+        if self.before_export is not None:
+            self.before_export()
+
     async def export_metrics(self) -> None:
         source = self.metrics_source
         if source is None:
             return
+        self._flush()
         histograms = source.collect()
         if histograms:
             await self._send("metrics", encode_metrics(self.config.resource, SCOPE, _version(), histograms))
@@ -436,6 +443,7 @@ class OtlpExporter:
                 await task
         started = bool(self._tasks)
         self._tasks = []
+        self._flush()
         if started:
             try:
                 async with asyncio.timeout(within):

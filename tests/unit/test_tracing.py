@@ -1,16 +1,21 @@
 """The tracer's own decisions, over the exporter's in-memory transport: which ``traceparent`` it continues, which
 traces it samples (``sample_ratio``; a caller's flag decides for its own), that an unsampled request still counts
-in the GenAI metrics, and that the histograms stop taking new series past their bound."""
+in the GenAI metrics, that the histograms stop taking new series past their bound, and that finished requests
+are built in batches, none lost."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from prometheus_client import CollectorRegistry
 
 from gateway.observability.genai_metrics import SERVER_DURATION, GenAiMetrics
 from gateway.observability.otlp_export import ExportCounters, MemoryTransport, OtlpExporter, export_config
 from gateway.observability.recording import Finished
-from gateway.observability.tracing import RequestTrace, Tracer, parse_traceparent
+from gateway.observability.tracing import FLUSH_AT, RequestTrace, Tracer, parse_traceparent
 from gateway.settings import parse_settings
 from gateway.wire.events import Usage
 
@@ -79,11 +84,48 @@ def finished(trace: RequestTrace) -> Finished:
     )
 
 
+def spans_of(body: bytes) -> list[Span]:
+    request = ExportTraceServiceRequest.FromString(body)
+    return [span for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+
+
 def serve(t: Tracer, headers: dict[str, str]) -> RequestTrace:
     trace = t.start(headers)
     trace.attempt("c1", "anthropic", "m")
     t.record(finished(trace), trace)
+    t.flush()
     return trace
+
+
+def test_records_are_built_in_batches_after_the_request_or_before_an_export() -> None:
+    """A finished request is set aside; its spans and metrics are built with the others' once FLUSH_AT are waiting
+    (in a callback of their own, after the request that completed the batch), or when the exporter is about to
+    send (its schedule, its shutdown): never lost, never late beyond an export."""
+
+    async def main() -> None:
+        t, transport = tracer()
+        queue = t.exporter._queue
+
+        def one() -> None:
+            trace = t.start({})
+            trace.attempt("c1", "anthropic", "m")
+            t.record(finished(trace), trace)
+
+        for _ in range(FLUSH_AT - 1):
+            one()
+        assert len(queue) == 0 and t.genai is not None and not t.genai.collect()  # set aside, nothing built yet
+        one()  # the batch is full: built right after this callback
+        assert len(queue) == 0
+        await asyncio.sleep(0)
+        assert len(queue) == 2 * FLUSH_AT and t.genai.collect()
+        one()  # a request alone: its spans go with the next export (here: the shutdown's)
+        t.exporter.start()
+        await t.exporter.aclose()
+        bodies = [body for signal, body in transport.sent if signal == "traces"]
+        spans = [span for body in bodies for span in spans_of(body)]
+        assert len(spans) == 2 * (FLUSH_AT + 1) and len({span.trace_id for span in spans}) == FLUSH_AT + 1
+
+    asyncio.run(main())
 
 
 def test_sample_ratio_and_the_callers_flag() -> None:
