@@ -265,6 +265,8 @@ class AiohttpClient:
         except TimeoutError as exc:
             log.warning("timed out connecting to or waiting for %s", _host(url))
             raise UpstreamTimeout("timed out connecting to or waiting for the provider") from exc
+        except aiohttp.ClientResponseError as exc:  # its parser refused the answer: reached, answered wrong
+            raise _malformed(url, exc) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise _unreachable(url, exc) from exc
         return _AiohttpResponse(resp)
@@ -294,7 +296,7 @@ class _HttpxResponse:
         import httpx
 
         try:
-            async for chunk in self._resp.aiter_raw():
+            async for chunk in self._resp.aiter_bytes():  # decoded (aiter_raw passed a gzip stream on compressed)
                 yield chunk
         except httpx.TransportError as exc:
             timeout = isinstance(exc, httpx.TimeoutException)
@@ -399,6 +401,11 @@ _BROKEN = 4
 """Closed: never reused."""
 
 
+class MalformedResponse(ConnectionError):
+    """The provider answered bytes that are not an HTTP/1.1 response (or not one this client may read): it was
+    reached — an error of its answer, not of the network, and never a reason to resend."""
+
+
 class _H1Headers(Mapping[str, str]):
     """Case-insensitive response headers (names kept lower-case; a repeated name keeps its last value: the
     headers the gateway reads come once)."""
@@ -454,6 +461,7 @@ class _Conn(asyncio.Protocol):
         self.complete = False
         self.error: BaseException | None = None
         self.reusable = False
+        self.no_body = False  # a HEAD: the answer's head is all of it, whatever its Content-Length says
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -481,10 +489,10 @@ class _Conn(asyncio.Protocol):
             if self.complete:  # bytes past the response's end (``on_message_begin``): its body is whole
                 self._stray()
             else:  # (a callback's own failure, a 101, is kept: ``_fail`` keeps the first error)
-                self._fail(ConnectionError(f"malformed HTTP response: {exc}"))
+                self._fail(MalformedResponse(f"malformed HTTP response: {exc}"))
             return
         if self.state == _HEAD and self.got > MAX_RESPONSE_HEAD:  # a head still incomplete past the limit: refused
-            self._fail(ConnectionError(f"the provider's response head exceeds {MAX_RESPONSE_HEAD} bytes"))
+            self._fail(MalformedResponse(f"the provider's response head exceeds {MAX_RESPONSE_HEAD} bytes"))
 
     def _stray(self) -> None:
         """Bytes no answer of ours holds: the connection is retired (an answer already whole is still read)."""
@@ -536,13 +544,17 @@ class _Conn(asyncio.Protocol):
             self.state = _BODY
             if not self.head.done():
                 self.head.set_result(None)
+            if self.no_body:  # the answer to a HEAD has no body (RFC 9110 §9.3.2), its Content-Length notwithstanding
+                self.on_message_complete()
         elif status == 101:  # this client never asks to switch: the connection is the provider's no more
-            self._fail(ConnectionError("the provider switched protocols (101) on a request that asked for none"))
+            self._fail(MalformedResponse("the provider switched protocols (101) on a request that asked for none"))
             raise ConnectionError("101 Switching Protocols")  # stop parsing
         else:  # an interim answer (100 Continue, 103 Early Hints): its headers dropped, the final answer follows
             self.headers = {}
 
-    def on_body(self, body: bytes) -> None:  # only in _BODY: llhttp gives an interim answer no body, a 101 stops it
+    def on_body(self, body: bytes) -> None:  # llhttp gives an interim answer no body, a 101 stops it
+        if self.state != _BODY:  # a HEAD's answer is whole at its head: what follows is nobody's
+            raise ConnectionError("bytes after the end of the response")
         self.body.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self.paused and self.transport is not None:
@@ -555,6 +567,7 @@ class _Conn(asyncio.Protocol):
         self.buffered = 0
         if self.paused and self.transport is not None and not self.closed:
             self.paused = False
+            self._last_read = self.loop.time()  # the provider's silence counts from when it may be read again
             self.transport.resume_reading()
 
     def on_message_complete(self) -> None:
@@ -585,6 +598,8 @@ class _Conn(asyncio.Protocol):
         """One timer per response, not one per read: when it fires after bytes came, it waits out the rest of
         the silence from the last read (as the server's head timer does)."""
         deadline = self._last_read + self.read_timeout
+        if self.paused:  # the gateway stopped reading (its client is slow): the silence is its own, not the provider's
+            deadline = self.loop.time() + self.read_timeout
         if deadline > self.loop.time():
             self._timer = self.loop.call_at(deadline, self._timed_out)
             return
@@ -693,11 +708,39 @@ class _H1Response:
         self._finish()
 
 
-def _decoder(encoding: str) -> zlib._Decompress | None:
+class _Deflate:
+    """``Content-Encoding: deflate``, which RFC 9110 §8.4.1.2 defines as zlib-wrapped and many servers send raw (as
+    aiohttp reads it, ``http_parser.DeflateBuffer``): zlib when the body's first bytes decode as zlib, raw deflate
+    otherwise, decided once, on the first chunk."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self) -> None:
+        self._inner: zlib._Decompress | None = None
+
+    @property
+    def unconsumed_tail(self) -> bytes:
+        return self._inner.unconsumed_tail if self._inner is not None else b""
+
+    def decompress(self, data: bytes, max_length: int = 0) -> bytes:
+        inner = self._inner
+        if inner is None:
+            try:
+                inner = zlib.decompressobj()
+                out = inner.decompress(data, max_length)
+            except zlib.error:  # no zlib header: raw deflate
+                inner = zlib.decompressobj(-zlib.MAX_WBITS)
+                out = inner.decompress(data, max_length)
+            self._inner = inner
+            return out
+        return inner.decompress(data, max_length)
+
+
+def _decoder(encoding: str) -> zlib._Decompress | _Deflate | None:
     if encoding in ("gzip", "x-gzip"):
         return zlib.decompressobj(16 + zlib.MAX_WBITS)
     if encoding == "deflate":
-        return zlib.decompressobj()
+        return _Deflate()
     return None
 
 
@@ -770,6 +813,7 @@ class H1Client:
                     conn = await self._connect(key, timeouts.connect)
                 assert conn.transport is not None
                 conn.state = _HEAD
+                conn.no_body = method == "HEAD"
                 conn.start_timer(timeouts.read)
                 conn.transport.write(head + body if body else head)
                 await conn.head
@@ -780,6 +824,8 @@ class H1Client:
             except (OSError, ConnectionError) as exc:
                 if conn is not None:
                     conn.close()
+                if isinstance(exc, MalformedResponse):  # reached, and answered wrong: said so, never resent
+                    raise _malformed(url, exc) from exc
                 if reused and conn is not None and conn.got == 0:
                     # not one byte answered on a stale keep-alive connection: once more on a new one. A byte of an
                     # answer (malformed, or cut) means the provider had the request: a resend could bill it twice
@@ -863,6 +909,12 @@ def _unreachable(url: str, exc: BaseException) -> UpstreamConnectionError:
     """A connect failure as the client sees it: its kind, not the provider's host and port (those are logged)."""
     log.warning("cannot reach %s: %s", _host(url), _describe(exc, type(exc).__name__))
     return UpstreamConnectionError(f"cannot reach the provider ({type(exc).__name__})")
+
+
+def _malformed(url: str, exc: BaseException) -> UpstreamConnectionError:
+    """An answer the client could not read as HTTP/1.1: the provider was reached (not "cannot reach")."""
+    log.warning("an answer from %s that is not HTTP/1.1: %s", _host(url), _describe(exc, type(exc).__name__))
+    return UpstreamConnectionError(f"the provider's answer was not valid HTTP/1.1 ({type(exc).__name__})")
 
 
 def _host(url: str) -> str:
