@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from collections.abc import Awaitable, Callable, Mapping
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from gateway.wire.request import ProxyRequest
 from gateway.wire.upstream import MAX_ERROR_BYTES, BodyTooLarge, HttpClient, Timeouts, UpstreamResponse
@@ -53,6 +53,30 @@ class Prepared(NamedTuple):
     url: str
     body: bytes
     headers: dict[str, str]
+
+
+class _ProviderConnection(Protocol):
+    @property
+    def connect_timeout_s(self) -> float: ...
+    @property
+    def read_timeout_s(self) -> float: ...
+    @property
+    def pool_size(self) -> int | None: ...
+    @property
+    def pool_idle_s(self) -> float: ...
+    @property
+    def proxy(self) -> str | None: ...
+
+
+def provider_timeouts(config: _ProviderConnection) -> Timeouts:
+    """A provider's connection settings as its requests carry them: timeouts, and its origin's pool."""
+    return Timeouts(
+        config.connect_timeout_s,
+        config.read_timeout_s,
+        pool=config.pool_size,
+        idle_s=config.pool_idle_s,
+        proxy=config.proxy,
+    )
 
 
 def base_headers(accept: str) -> dict[str, str]:

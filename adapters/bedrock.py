@@ -19,7 +19,7 @@ import msgspec
 from gateway.settings import BedrockProvider
 from gateway.wire.errors import InvalidRequest, NotSupported, UpstreamStatusError
 from gateway.wire.request import ProxyRequest
-from gateway.wire.upstream import HttpClient, Timeouts, UpstreamResponse
+from gateway.wire.upstream import HttpClient, UpstreamResponse
 
 from ._aws import aws_auth, aws_region, bedrock_api_key
 from ._bedrock_stream import (
@@ -32,7 +32,7 @@ from ._bedrock_stream import (
     raise_for_bedrock,
 )
 from ._converse import ConverseUnsupported, from_converse_response, to_converse
-from ._http import ACCEPT_JSON, HttpAdapter, Operation, Prepared, base_headers
+from ._http import ACCEPT_JSON, HttpAdapter, Operation, Prepared, base_headers, provider_timeouts
 from .base import EventStream, JsonReply, read_answer, url_model
 from .profiles import filter_request
 
@@ -67,7 +67,7 @@ class BedrockAdapter(HttpAdapter):
     ) -> None:
         self.region = region = aws_region(config.region, config.profile)
         auth = aws_auth(name, config, "bedrock", region, api_key=bedrock_api_key(config))
-        timeouts = Timeouts(config.connect_timeout_s, config.read_timeout_s)
+        timeouts = provider_timeouts(config)
         super().__init__(name, client, timeouts=timeouts, auth=auth, check=raise_for_bedrock)
         self._config = config
         self._on_mismatch = on_usage_mismatch

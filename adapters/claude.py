@@ -12,7 +12,17 @@ from gateway.wire.request import ProxyRequest
 from gateway.wire.upstream import HttpClient, Timeouts
 
 from ._aws import aws_auth, aws_region, bedrock_api_key
-from ._http import USER_AGENT, Auth, BearerAuth, ClientKeyAuth, HeaderAuth, HttpAdapter, Operation, Prepared
+from ._http import (
+    USER_AGENT,
+    Auth,
+    BearerAuth,
+    ClientKeyAuth,
+    HeaderAuth,
+    HttpAdapter,
+    Operation,
+    Prepared,
+    provider_timeouts,
+)
 from .profiles import filter_request
 
 __all__ = [
@@ -59,7 +69,7 @@ class ClaudeAdapter(HttpAdapter):
             name,
             client,
             base_url=config.base_url,
-            timeouts=Timeouts(config.connect_timeout_s, config.read_timeout_s),
+            timeouts=provider_timeouts(config),
             auth=auth,
         )
 
@@ -103,7 +113,7 @@ def mantle_adapter(name: str, config: BedrockMantleProvider, client: HttpClient)
         name,
         client,
         base_url=config.base_url or f"https://bedrock-mantle.{region}.api.aws/anthropic",
-        timeouts=Timeouts(config.connect_timeout_s, config.read_timeout_s),
+        timeouts=provider_timeouts(config),
         auth=aws_auth(name, config, config.signing_name, region, api_key=bedrock_api_key(config)),
         kind="bedrock_mantle",
     )
@@ -116,7 +126,7 @@ def claude_aws_adapter(name: str, config: ClaudeAwsProvider, client: HttpClient)
         name,
         client,
         base_url=config.base_url or f"https://aws-external-anthropic.{region}.api.aws",
-        timeouts=Timeouts(config.connect_timeout_s, config.read_timeout_s),
+        timeouts=provider_timeouts(config),
         auth=aws_auth(name, config, config.signing_name, region, api_key=config.api_key),
         extra_headers={"anthropic-workspace-id": config.workspace_id},
         kind="claude_aws",
@@ -138,7 +148,7 @@ def foundry_adapter(name: str, config: FoundryProvider, client: HttpClient) -> C
         name,
         client,
         base_url=config.base_url or f"https://{config.resource}.services.ai.azure.com/anthropic",
-        timeouts=Timeouts(config.connect_timeout_s, config.read_timeout_s),
+        timeouts=provider_timeouts(config),
         auth=auth,
         kind="foundry",
     )

@@ -16,10 +16,10 @@ from urllib.parse import quote
 from gateway.settings import VertexProvider
 from gateway.wire.events import Batch
 from gateway.wire.request import ProxyRequest
-from gateway.wire.upstream import HttpClient, Timeouts, UpstreamResponse
+from gateway.wire.upstream import HttpClient, UpstreamResponse
 
 from ._google import GoogleCredentialsUnavailable, GoogleTokenSource
-from ._http import ACCEPT_JSON, BearerAuth, HttpAdapter, Operation, Prepared, base_headers
+from ._http import ACCEPT_JSON, BearerAuth, HttpAdapter, Operation, Prepared, base_headers, provider_timeouts
 from .base import SseEventStream, url_model
 from .profiles import filter_request
 
@@ -65,7 +65,12 @@ class VertexAdapter(HttpAdapter):
             provider=name, credentials_file=config.credentials_file, project=config.project
         )
         auth = BearerAuth(self.tokens.token, renew=self.tokens.refresh_after_401)
-        super().__init__(name, client, timeouts=Timeouts(config.connect_timeout_s, config.read_timeout_s), auth=auth)
+        super().__init__(
+            name,
+            client,
+            timeouts=provider_timeouts(config),
+            auth=auth,
+        )
         self._config = config
         self._base = (config.base_url or vertex_base_url(config.region)).rstrip("/")
 

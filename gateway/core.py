@@ -32,7 +32,7 @@ from gateway.routing.resilience import Resilience
 from gateway.routing.table import RouteTable
 from gateway.runtime import Runtime, build_runtime
 from gateway.settings import ConfigError, Settings, StoreSettings, load_settings
-from gateway.wire.upstream import HttpClient
+from gateway.wire.upstream import H1Client, HttpClient
 
 if TYPE_CHECKING:
     from gateway.governance.signin import SignIn
@@ -113,6 +113,10 @@ class Gateway:
         self.reloads = 0
         self._tasks: set[asyncio.Task[Any]] = set()  # reloads started by SIGHUP: referenced until they end
         self._retired: set[Runtime] = set()  # replaced runtimes whose adapters are not closed yet
+        if isinstance(client, H1Client):  # its pools in /metrics, sized for what this process serves at once
+            client.metrics = metrics.pools
+            if settings.server.max_inflight is not None:
+                client.pool = settings.server.max_inflight
         self.runtime = build_runtime(settings, client, metrics, resilience)
         self._adopt(self.runtime)
         metrics.live.register(BreakerCollector(self))

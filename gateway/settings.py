@@ -325,8 +325,27 @@ class BetaOverride(_Strict, frozen=True, kw_only=True):
 class _Provider(_Strict, tag_field="kind", frozen=True, kw_only=True):
     connect_timeout_s: PositiveFloat = 10.0
     read_timeout_s: PositiveFloat = 600.0
+    # idle keep-alive connections kept to the provider's origin (the h1 client; providers sharing an origin share
+    # its pool, each keeping it within its own size); None: server.max_inflight, else 1024 — as many as were in
+    # flight at once, so a second wave as large as the first opens no new connection (a TLS handshake each)
+    pool_size: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    # an idle connection older than this is closed, not reused: shorter than providers' and load balancers' own
+    # idle expiry (ALB 60 s), so the gateway closes first (aiohttp's keepalive_timeout: 15 s)
+    pool_idle_s: PositiveFloat = 15.0
+    # the proxy its requests go through (http://[user:password@]host:port; HTTPS through it with CONNECT); None:
+    # HTTPS_PROXY / HTTP_PROXY / ALL_PROXY unless NO_PROXY names the provider's host, as the cloud SDKs read them
+    proxy: str | None = None
     betas: BetaOverride = BetaOverride()  # the provider's beta profile, changed (adapters/profiles.py)
     drop_fields: list[str] = []  # top-level body fields this provider is never sent
+
+    def __post_init__(self) -> None:
+        if self.proxy is not None:
+            from gateway.wire.upstream import parse_proxy
+
+            try:
+                parse_proxy(self.proxy)
+            except ValueError as exc:
+                raise ValueError(f"proxy: {exc}") from None
 
 
 class AnthropicProvider(_Provider, tag="anthropic", frozen=True, kw_only=True):
@@ -354,6 +373,7 @@ class AwsAuthSettings(_Provider, frozen=True, kw_only=True):
     api_key: str | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if bool(self.access_key_id) != bool(self.secret_access_key):
             raise ValueError("access_key_id and secret_access_key go together")
         if self.api_key and (self.access_key_id or self.profile):
@@ -415,6 +435,7 @@ class FoundryProvider(_Provider, tag="foundry", frozen=True, kw_only=True):
     entra: EntraSettings | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if bool(self.resource) == bool(self.base_url):
             raise ValueError("set exactly one of resource and base_url")
         if bool(self.api_key) == (self.entra is not None):

@@ -167,6 +167,7 @@ class Metrics:
             ["header"],
             registry=r,
         )
+        self.pools = PoolMetrics(r)
         self.limited = Counter(
             "gateway_limited",
             "Requests refused by a rate limit or budget, by limit and by the scope it was set on (key, team).",
@@ -364,3 +365,55 @@ class TelemetryMetrics:
             ["user", "team"],
             registry=r,
         )
+
+
+class PoolMetrics:
+    """The h1 client's connection pools (``gateway.wire.upstream.PoolObserver``), per origin (``scheme://host:port``:
+    providers that share an origin share its pool): connections open and idle, made and reused."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._connections = Gauge(
+            "gateway_upstream_connections",
+            "Connections of the upstream client (h1) to providers' origins: open (idle ones included), and idle.",
+            ["origin", "state"],
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self._created = Counter(
+            "gateway_upstream_connections_created",
+            "Connections the upstream client (h1) opened (a TLS handshake each, for https).",
+            ["origin"],
+            registry=registry,
+        )
+        self._reused = Counter(
+            "gateway_upstream_connections_reused",
+            "Requests the upstream client (h1) sent on a pooled keep-alive connection.",
+            ["origin"],
+            registry=registry,
+        )
+        self._children: dict[tuple[str, str, int], tuple[Any, Any, Any, Any]] = {}
+
+    def _of(self, key: tuple[str, str, int]) -> tuple[Any, Any, Any, Any]:
+        found = self._children.get(key)
+        if found is None:
+            scheme, host, port = key
+            origin = f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+            found = self._children[key] = (
+                self._connections.labels(origin, "open"),
+                self._connections.labels(origin, "idle"),
+                self._created.labels(origin),
+                self._reused.labels(origin),
+            )
+        return found
+
+    def opened(self, key: tuple[str, str, int], conn: Any) -> None:
+        opened, _, created, _ = self._of(key)
+        opened.inc()
+        created.inc()
+        conn.lost = opened.dec
+
+    def idle(self, key: tuple[str, str, int], change: int) -> None:
+        self._of(key)[1].inc(change)
+
+    def reused(self, key: tuple[str, str, int]) -> None:
+        self._of(key)[3].inc()

@@ -12,16 +12,19 @@ environments that prefer it). Foreign exceptions become gateway errors at this b
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import re
 import select
+import socket
 import ssl
+import urllib.request
 import zlib
 from collections import deque
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
 from http.cookiejar import CookieJar, DefaultCookiePolicy
-from typing import TYPE_CHECKING, Protocol
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from urllib.parse import unquote, urlsplit
 
 import httptools
 
@@ -125,11 +128,20 @@ class StreamInterrupted(Exception):
 
 
 class Timeouts:
-    __slots__ = ("aiohttp", "connect", "read")
+    """A provider's connection settings, passed with each of its requests: the connect and read timeouts, and (the
+    h1 client's pool) how many idle connections to its origin are kept (None: the client's default, sized for the
+    gateway's ``server.max_inflight``) and for how long."""
 
-    def __init__(self, connect: float, read: float) -> None:
+    __slots__ = ("aiohttp", "connect", "idle_s", "pool", "proxy", "read")
+
+    def __init__(
+        self, connect: float, read: float, *, pool: int | None = None, idle_s: float = 15.0, proxy: str | None = None
+    ) -> None:
         self.connect = connect
         self.read = read
+        self.pool = pool
+        self.idle_s = idle_s
+        self.proxy = proxy  # the provider's ``proxy`` (an http:// URL); None: HTTPS_PROXY / HTTP_PROXY / NO_PROXY
         self.aiohttp: aiohttp.ClientTimeout | None = None  # built once, on first use
 
 
@@ -243,6 +255,7 @@ class AiohttpClient:
             auto_decompress=True,
             skip_auto_headers=("User-Agent",),
             timeout=aiohttp.ClientTimeout(total=None),
+            trust_env=True,  # HTTPS_PROXY / HTTP_PROXY / NO_PROXY, as the h1 client and the cloud SDKs read them
         )
 
     async def send(
@@ -260,7 +273,7 @@ class AiohttpClient:
             # never follow a redirect: no provider redirects a Messages call, and following one would carry the
             # provider key to whatever host it names (a 3xx becomes an upstream error in adapters.base)
             resp = await self._session.request(
-                method, url, headers=headers, data=body, timeout=timeout, allow_redirects=False
+                method, url, headers=headers, data=body, timeout=timeout, allow_redirects=False, proxy=timeouts.proxy
             )
         except TimeoutError as exc:
             log.warning("timed out connecting to or waiting for %s", _host(url))
@@ -378,7 +391,16 @@ class HttpxClient:
 # state, ``_HEAD`` … ``_BROKEN`` below, is checked on every read and parser callback, and an idle socket is polled
 # before reuse). Select it with ``MESSAGES_GATEWAY_UPSTREAM_CLIENT=h1`` (``gateway.wire.upstream.make_client``).
 
-_MAX_IDLE_PER_HOST = 64
+DEFAULT_POOL = 1024
+"""Idle connections kept per origin when neither the provider's ``pool_size`` nor ``server.max_inflight`` says:
+as many as were in flight at once, up to this (a second wave as large as the first opens none; aiohttp keeps them
+all). Idle ones expire after the provider's ``pool_idle_s``."""
+DNS_TTL_S = 300.0
+"""How long a resolved name is used (the aiohttp client was configured with ``ttl_dns_cache=300``)."""
+HAPPY_EYEBALLS_DELAY_S = 0.25
+"""RFC 8305 §5's recommended connection attempt delay (aiohttp's and asyncio's ``happy_eyeballs_delay``): the next
+address is tried when the previous one has not connected within it, so an unreachable IPv6 address costs 0.25 s,
+not the connect timeout."""
 _HIGH_WATER = 1 << 20  # bytes of body held unread before the socket stops being read (the client is slow)
 
 # A connection's state (h11 keeps one; ``_Conn.state``), checked in ``data_received`` and in each parser callback.
@@ -441,6 +463,9 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.poll: select.poll | None = None  # the socket, to see whether it is readable before reuse
         self.read_timeout = 0.0
+        self.timeouts: Timeouts | None = None  # the provider's, of the request being answered (its pool's size)
+        self.expires = 0.0  # (idle in the pool) the loop time past which it is not reused
+        self.lost: Callable[[], None] | None = None  # (PoolObserver) told once, when the connection is gone
         self._timer: asyncio.TimerHandle | None = None
         self._last_read = 0.0  # when the read timer runs: the loop time of the last read
         self._reset()
@@ -514,6 +539,9 @@ class _Conn(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.lost is not None:
+            self.lost()
+            self.lost = None
         self.closed = True
         self.state = _BROKEN
         self._stop_timer()
@@ -700,7 +728,7 @@ class _H1Response:
         conn = self._conn
         self._eof = conn.complete and not conn.body and conn.error is None
         if conn.complete and not conn.body and conn.reusable and conn.error is None and not conn.closed:
-            self._client._release(conn)
+            self._client._release(conn, conn.timeouts)
         else:
             conn.close()
 
@@ -744,24 +772,174 @@ def _decoder(encoding: str) -> zlib._Decompress | _Deflate | None:
     return None
 
 
-class H1Client:
-    """The upstream client on ``asyncio.Protocol`` + ``httptools``: one pool of keep-alive connections.
-    ``ssl_context``: instead of the system's trust store (tests with their own CA)."""
+class ProxyRefused(ConnectionError):
+    """The proxy answered the ``CONNECT`` with something but 2xx (407: its credentials; 403: not allowed there)."""
 
-    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+
+class Proxy(NamedTuple):
+    host: str
+    port: int
+    authorization: str  # a Proxy-Authorization value ("Basic …", from the URL's user:password), or ""
+
+
+def parse_proxy(url: str) -> Proxy:
+    """An ``http://[user:password@]host[:port]`` proxy URL (a scheme-less ``host:port`` is taken as http, as curl
+    and the SDKs do); ``ValueError`` for anything else (a TLS connection to the proxy itself is not supported)."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"a proxy is an http://host:port URL (HTTPS goes through it with CONNECT), not {url!r}")
+    authorization = ""
+    if parts.username is not None:
+        credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        authorization = "Basic " + base64.b64encode(credentials.encode()).decode("ascii")
+    return Proxy(parts.hostname, parts.port or 80, authorization)
+
+
+async def _tunnel(loop: asyncio.AbstractEventLoop, sock: socket.socket, host: str, port: int, proxy: Proxy) -> None:
+    """Ask the proxy, on the socket connected to it, for a tunnel to ``host:port`` (RFC 9110 §9.3.6); TLS then runs
+    through it end to end. ``ProxyRefused`` unless the answer is 2xx; a proxy's head is bounded as a provider's."""
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}"]
+    if proxy.authorization:
+        lines.append(f"Proxy-Authorization: {proxy.authorization}")
+    await loop.sock_sendall(sock, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = await loop.sock_recv(sock, 65536)
+        if not chunk:
+            raise ConnectionError(f"the proxy at {proxy.host}:{proxy.port} closed the connection before answering")
+        answer += chunk
+        if len(answer) > MAX_RESPONSE_HEAD:
+            raise MalformedResponse(f"the proxy's answer head exceeds {MAX_RESPONSE_HEAD} bytes")
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    fields = status_line.split(" ", 2)
+    if len(fields) < 2 or not fields[0].startswith("HTTP/1.") or not fields[1].isdigit():
+        raise MalformedResponse(f"the proxy's answer to CONNECT is not HTTP/1.1: {status_line[:100]!r}")
+    if not 200 <= int(fields[1]) < 300:
+        raise ProxyRefused(f"the proxy at {proxy.host}:{proxy.port} refused the tunnel: {status_line[:100]}")
+    if rest:  # nothing may follow a CONNECT's answer before the TLS handshake, which the client starts
+        raise MalformedResponse("bytes after the proxy's answer to CONNECT")
+
+
+class PoolObserver(Protocol):
+    """What the h1 client tells of its pools (``gateway.observability.metrics.PoolMetrics``), per origin
+    ``(scheme, host, port)``."""
+
+    def opened(self, key: tuple[str, str, int], conn: _Conn) -> None: ...  # (sets ``conn.lost``)
+    def idle(self, key: tuple[str, str, int], change: int) -> None: ...
+    def reused(self, key: tuple[str, str, int]) -> None: ...
+
+
+AddrInfo = tuple[Any, ...]  # getaddrinfo's (family, type, proto, canonname, sockaddr)
+Resolve = Callable[[str, int], Awaitable[list[Any]]]
+
+
+class H1Client:
+    """The upstream client on ``asyncio.Protocol`` + ``httptools``: one pool of keep-alive connections per origin
+    (LIFO, so the warmest is reused and the coldest expire), names resolved through a cache (``DNS_TTL_S``), every
+    address of a name tried with Happy Eyeballs (RFC 8305, ``aiohappyeyeballs``: the library aiohttp uses).
+    ``ssl_context``: instead of the system's trust store (tests with their own CA). ``pool``: idle connections kept
+    per origin unless the provider's ``Timeouts.pool`` says. ``resolve``: instead of the loop's ``getaddrinfo``."""
+
+    def __init__(
+        self,
+        ssl_context: ssl.SSLContext | None = None,
+        *,
+        pool: int = DEFAULT_POOL,
+        resolve: Resolve | None = None,
+        dns_ttl_s: float = DNS_TTL_S,
+    ) -> None:
         self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
         self._ssl: ssl.SSLContext | None = ssl_context
         self._closed = False
+        self.pool = pool
+        self._resolve = resolve
+        self._dns_ttl_s = dns_ttl_s
+        self._dns: dict[tuple[str, int], tuple[float, list[Any]]] = {}
+        self._sweep: asyncio.TimerHandle | None = None
+        self._sweep_every = 15.0
+        self.metrics: PoolObserver | None = None  # set by the gateway: the pools in /metrics
+        # HTTPS_PROXY / HTTP_PROXY / ALL_PROXY / NO_PROXY (either case), as google-auth, botocore and azure-identity
+        # read them: read once, here; the route of each origin is decided once and remembered
+        self._env_proxies = urllib.request.getproxies_environment()
+        self._routes: dict[tuple[str, str, int, str | None], Proxy | None] = {}
 
-    def _release(self, conn: _Conn) -> None:
+    def _release(self, conn: _Conn, timeouts: Timeouts | None) -> None:
         idle = self._idle.setdefault(conn.key, [])
-        if self._closed or len(idle) >= _MAX_IDLE_PER_HOST:
+        limit = timeouts.pool if timeouts is not None and timeouts.pool is not None else self.pool
+        if self._closed or timeouts is None or len(idle) >= limit:
             conn.close()
             return
         conn._reset()  # _IDLE: a byte that comes while it is pooled retires it
+        conn.expires = conn.loop.time() + timeouts.idle_s
         idle.append(conn)
+        if self.metrics is not None:
+            self.metrics.idle(conn.key, 1)
+        if self._sweep is None:
+            self._sweep_every = min(self._sweep_every, timeouts.idle_s)
+            self._sweep = conn.loop.call_later(self._sweep_every, self._expire)
 
-    async def _connect(self, key: tuple[str, str, int], seconds: float) -> _Conn:
+    def _expire(self) -> None:
+        """Close the connections idle past their provider's ``pool_idle_s`` (the pool is LIFO: the oldest are at
+        the bottom), and look again later while any are idle."""
+        self._sweep = None
+        now, left = asyncio.get_running_loop().time(), 0
+        for key, idle in self._idle.items():
+            expired = 0
+            while expired < len(idle) and idle[expired].expires <= now:
+                expired += 1
+            for conn in idle[:expired]:
+                conn.close()
+            if expired:
+                del idle[:expired]
+                if self.metrics is not None:
+                    self.metrics.idle(key, -expired)
+            left += len(idle)
+        if left and not self._closed:
+            self._sweep = asyncio.get_running_loop().call_later(self._sweep_every, self._expire)
+
+    async def _addresses(self, host: str, port: int) -> list[Any]:
+        """The addresses of ``host`` (a literal: itself), from the cache while it is fresh."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        found = self._dns.get((host, port))
+        if found is not None and found[0] > now:
+            return found[1]
+        try:  # an IP literal: no lookup
+            return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+        except socket.gaierror:
+            pass
+        infos: list[Any]
+        if self._resolve is not None:
+            infos = await self._resolve(host, port)
+        else:
+            infos = list(await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        if not infos:
+            raise OSError(f"{host} has no address")
+        if len(self._dns) >= 1024:
+            self._dns.clear()
+        self._dns[(host, port)] = (now + self._dns_ttl_s, infos)
+        return infos
+
+    def _proxy(self, scheme: str, host: str, port: int, configured: str | None) -> Proxy | None:
+        """The proxy a request to this origin goes through: the provider's ``proxy``, else the environment's for
+        the scheme (``ALL_PROXY`` after it) unless ``NO_PROXY`` names the host; None: direct."""
+        route = (scheme, host, port, configured)
+        if route in self._routes:
+            return self._routes[route]
+        env = self._env_proxies
+        url = configured or env.get(scheme) or env.get("all")
+        if configured is None and url and urllib.request.proxy_bypass_environment(host, env):  # type: ignore[attr-defined]
+            url = None
+        found = parse_proxy(url) if url else None
+        if len(self._routes) < 1024:
+            self._routes[route] = found
+        return found
+
+    async def _connect(self, key: tuple[str, str, int], seconds: float, proxy: Proxy | None = None) -> _Conn:
+        import aiohappyeyeballs
+
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         if scheme == "https" and self._ssl is None:
@@ -769,31 +947,50 @@ class H1Client:
         conn = _Conn(loop, key)
         try:
             async with asyncio.timeout(seconds):
-                await loop.create_connection(
-                    lambda: conn,
-                    host,
-                    port,
-                    ssl=self._ssl if scheme == "https" else None,
-                    server_hostname=host if scheme == "https" else None,
+                infos = await (
+                    self._addresses(host, port) if proxy is None else self._addresses(proxy.host, proxy.port)
                 )
-        except TimeoutError:
+                sock = await aiohappyeyeballs.start_connection(
+                    infos, happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY_S, interleave=1
+                )
+                try:
+                    if proxy is not None and scheme == "https":
+                        await _tunnel(loop, sock, host, port, proxy)
+                    await loop.create_connection(
+                        lambda: conn,
+                        sock=sock,
+                        ssl=self._ssl if scheme == "https" else None,
+                        server_hostname=host if scheme == "https" else None,
+                    )
+                except BaseException:
+                    sock.close()
+                    raise
+        except BaseException:
             conn.close()
             raise
+        if self.metrics is not None:
+            self.metrics.opened(key, conn)
         return conn
 
     def _pooled(self, key: tuple[str, str, int]) -> _Conn | None:
         idle = self._idle.get(key)
+        metrics = self.metrics
         while idle:
             conn = idle.pop()
+            if metrics is not None:
+                metrics.idle(key, -1)
             transport, poll = conn.transport, conn.poll
             if (
                 conn.state == _IDLE
                 and transport is not None
                 and not transport.is_closing()
+                and conn.expires > conn.loop.time()
                 and (poll is None or not poll.poll(0))  # nothing came while it was idle that the loop has not read
             ):
+                if metrics is not None:
+                    metrics.reused(key)
                 return conn
-            conn.close()  # closed meanwhile, or bytes came while it was idle that the loop has not read yet
+            conn.close()  # closed or expired meanwhile, or bytes came while it was idle that the loop has not read
         return None
 
     async def send(
@@ -804,16 +1001,22 @@ class H1Client:
         port = parts.port or (443 if scheme == "https" else 80)
         key = (scheme, parts.hostname or "", port)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        proxy = self._proxy(scheme, key[1], port, timeouts.proxy) if self._env_proxies or timeouts.proxy else None
+        if proxy is not None and scheme == "http":  # plain HTTP through a proxy: the absolute form, to the proxy
+            target = f"http://{parts.netloc}{target}"
+            if proxy.authorization:
+                headers = {**headers, "Proxy-Authorization": proxy.authorization}
         head = _request_head(method, target, parts.netloc, headers, body)
         for attempt in (0, 1):  # a pooled connection the provider closed meanwhile: once more on a fresh one
             conn = self._pooled(key) if attempt == 0 else None
             reused = conn is not None
             try:
                 if conn is None:
-                    conn = await self._connect(key, timeouts.connect)
+                    conn = await self._connect(key, timeouts.connect, proxy)
                 assert conn.transport is not None
                 conn.state = _HEAD
                 conn.no_body = method == "HEAD"
+                conn.timeouts = timeouts
                 conn.start_timer(timeouts.read)
                 conn.transport.write(head + body if body else head)
                 await conn.head
@@ -826,6 +1029,9 @@ class H1Client:
                     conn.close()
                 if isinstance(exc, MalformedResponse):  # reached, and answered wrong: said so, never resent
                     raise _malformed(url, exc) from exc
+                if isinstance(exc, ProxyRefused):
+                    log.warning("%s", exc)
+                    raise UpstreamConnectionError(f"the proxy refused to reach the provider ({exc})") from exc
                 if reused and conn is not None and conn.got == 0:
                     # not one byte answered on a stale keep-alive connection: once more on a new one. A byte of an
                     # answer (malformed, or cut) means the provider had the request: a resend could bill it twice
@@ -840,9 +1046,14 @@ class H1Client:
 
     async def aclose(self) -> None:
         self._closed = True
-        for idle in self._idle.values():
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        for key, idle in self._idle.items():
             for conn in idle:
                 conn.close()
+            if self.metrics is not None:
+                self.metrics.idle(key, -len(idle))
         self._idle.clear()
 
 
