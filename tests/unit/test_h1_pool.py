@@ -229,3 +229,40 @@ def test_the_providers_pool_size_bounds_the_idle_connections_and_idle_ones_expir
                 await client.aclose()
 
         asyncio.run(main())
+
+
+@pytest.mark.long
+def test_a_stream_outlives_the_idle_expiry_and_its_connection_is_reused_after() -> None:
+    """On the default settings (``pool_idle_s`` 15 s): a connection busy with a 20 s stream is not idle, so the
+    expiry never touches it, and once released it is reused (its expiry counted from its release)."""
+    seconds = 20
+
+    async def trickle(n: int, writer: asyncio.StreamWriter) -> None:
+        if n == 1:
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for _ in range(seconds):
+                await writer.drain()
+                await asyncio.sleep(1.0)
+                writer.write(b"1\r\n.\r\n")
+            writer.write(b"0\r\n\r\n")
+        else:
+            writer.write(answer(n))
+
+    with Upstream(trickle) as upstream:
+
+        async def main() -> None:
+            client = H1Client()
+            t = Timeouts(connect=10.0, read=600.0)  # the providers' defaults (pool_idle_s: Timeouts' own, 15 s)
+            assert t.idle_s == 15.0
+            try:
+                started = time.monotonic()
+                resp = await client.send("POST", f"{upstream.url}/", headers={"x-request": "1"}, body=b"{}", timeouts=t)
+                assert await resp.read() == b"." * seconds
+                assert time.monotonic() - started >= 15.0
+                resp = await client.send("POST", f"{upstream.url}/", headers={"x-request": "2"}, body=b"{}", timeouts=t)
+                assert await resp.read() == b"answer to 2"
+            finally:
+                await client.aclose()
+
+        asyncio.run(main())
+        assert upstream.connections == 1
