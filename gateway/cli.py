@@ -24,7 +24,7 @@ from gateway.settings import ConfigError, Settings, default_config_path, load_se
 if TYPE_CHECKING:
     from gateway.http.app import GatewayApp
 
-__all__ = ["app_from_env", "configure_logging", "describe", "main", "preflight", "serving_warnings"]
+__all__ = ["app_from_env", "configure_logging", "describe", "main", "preflight", "redis_refusal", "serving_warnings"]
 
 _CONFIG_ENV = "MESSAGES_GATEWAY_CONFIG"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -154,6 +154,33 @@ def preflight(settings: Settings, workers: int) -> list[str]:
             "(or protocol: http/protobuf, which needs nothing more)"
         )
     return problems
+
+
+def redis_refusal(settings: Settings, wait_s: float = 2.0) -> str | None:
+    """Why ``serve`` must not start on ``limits.redis_url``: it is a Redis Cluster node (which the client refuses at
+    connect: ``gateway.governance.redis_client``), or None. One connect of at most ``wait_s``, apart from
+    ``preflight`` (which reaches nothing). A Redis that cannot be reached now is not refused: ``on_store_error``
+    is for that, and the limits hold as soon as it is back."""
+    redis_url = settings.limits.redis_url if settings.limits is not None else None
+    if not redis_url:
+        return None
+    import asyncio
+
+    from gateway.governance.redis_client import RedisClient, RedisClusterRefused
+
+    async def probe(url: str) -> str | None:
+        client = RedisClient(url, timeout=wait_s)
+        try:
+            await asyncio.wait_for(client.call("PING"), wait_s)
+        except RedisClusterRefused as exc:
+            return str(exc)
+        except Exception:  # unreachable, slow, or it refused the PING: on_store_error's, as at run time
+            return None
+        finally:
+            await client.aclose()
+        return None
+
+    return asyncio.run(probe(redis_url))
 
 
 def _unwritable(path: Path) -> str | None:
@@ -301,6 +328,8 @@ def _serve(args: argparse.Namespace) -> int:
     port = settings.server.port if args.port is None else args.port
     workers = args.workers or settings.server.workers
     problems = preflight(settings, workers)
+    if not problems and (refusal := redis_refusal(settings)) is not None:
+        problems.append(refusal)
     for problem in problems:
         print(f"messages-gateway: {problem}", file=sys.stderr)
     if problems:

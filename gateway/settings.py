@@ -151,6 +151,9 @@ class LimitSettings(_Strict, frozen=True, kw_only=True):
     budget: Budget | None = None
 
 
+CertReqs = Literal["required", "optional", "none"]
+
+
 # The Redis URL of limits.redis_url (the client, gateway.governance.redis_client, connects to what it says).
 @dataclass(frozen=True, slots=True)
 class Endpoint:
@@ -161,18 +164,65 @@ class Endpoint:
     username: str | None = None
     password: str | None = None
     db: int = 0
+    # rediss:// only, as redis-py's SSLConnection takes them from the URL's query (file paths, and the verify mode)
+    ssl_ca_certs: str | None = None  # the CAs the server's certificate must chain to (instead of the system's)
+    ssl_certfile: str | None = None  # a client certificate (PEM; its key too, unless ssl_keyfile)
+    ssl_keyfile: str | None = None
+    ssl_cert_reqs: CertReqs = "required"
+
+
+# redis-py's names: SSLConnection's keyword arguments, which from_url fills from the query (redis-py 8.1,
+# redis/connection.py; redis.readthedocs.io "SSL Connection Examples": rediss://host?ssl_cert_reqs=none), and
+# ssl_cert_reqs's values: "The string value for the SSLContext.verify_mode (none, optional, required) ... Defaults
+# to required"
+_TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+_TLS_PARAMETERS = (*_TLS_FILES, "ssl_cert_reqs")
+_CERT_REQS: tuple[CertReqs, ...] = ("required", "optional", "none")
+
+
+def _tls_checked(tls: dict[str, str]) -> CertReqs:
+    """The TLS options of a ``rediss://`` URL checked (its files readable now: a typo fails when the config is read,
+    not at the first connect); their ``ssl_cert_reqs``."""
+    said = tls.get("ssl_cert_reqs", "required")
+    cert_reqs = next((value for value in _CERT_REQS if value == said), None)
+    if cert_reqs is None:
+        raise ValueError(f"limits.redis_url: ssl_cert_reqs must be one of {', '.join(_CERT_REQS)} (got {said!r})")
+    if "ssl_keyfile" in tls and "ssl_certfile" not in tls:
+        raise ValueError("limits.redis_url: ssl_keyfile is the key of a client certificate: set ssl_certfile too")
+    for name in _TLS_FILES:
+        if name in tls:
+            try:
+                with open(tls[name], "rb"):  # readable by this user, not only there
+                    pass
+            except OSError as exc:
+                raise ValueError(
+                    f"limits.redis_url: {name} {tls[name]!r} cannot be read ({exc.strerror or exc})"
+                ) from None
+    return cert_reqs
 
 
 def parse_url(url: str) -> Endpoint:
     """``redis://[[user]:password@]host[:port][/db]``, ``rediss://…`` (TLS) or ``unix://[[user]:password@]/path[?db=N]``;
-    ``ValueError`` saying what is wrong otherwise."""
+    ``ValueError`` saying what is wrong otherwise. ``rediss://`` also takes redis-py's ``ssl_ca_certs``,
+    ``ssl_certfile``, ``ssl_keyfile`` (paths to files) and ``ssl_cert_reqs`` (``required``, ``optional``,
+    ``none``)."""
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ValueError(f"limits.redis_url must start with redis://, rediss:// or unix:// (got {url.split(':')[0]!r})")
     query = parse_qs(parts.query)
-    unknown = set(query) - {"db"}
+    unknown = set(query) - {"db", *_TLS_PARAMETERS}
     if unknown:
-        raise ValueError(f"limits.redis_url: unsupported parameter(s) {', '.join(sorted(unknown))} (only db)")
+        raise ValueError(
+            f"limits.redis_url: unsupported parameter(s) {', '.join(sorted(unknown))} "
+            f"(only db, and for rediss:// {', '.join(_TLS_PARAMETERS)})"
+        )
+    tls = {name: query[name][-1] for name in _TLS_PARAMETERS if name in query}
+    if tls and parts.scheme != "rediss":
+        raise ValueError(
+            f"limits.redis_url: {', '.join(sorted(tls))} only go with rediss:// (TLS); "
+            f"a {parts.scheme}:// connection is not encrypted"
+        )
+    cert_reqs = _tls_checked(tls)
     db_text = parts.path.strip("/") if parts.scheme != "unix" else ""
     if "db" in query:
         db_text = query["db"][-1]
@@ -203,14 +253,19 @@ def parse_url(url: str) -> Endpoint:
         username=username,
         password=password,
         db=db,
+        ssl_ca_certs=tls.get("ssl_ca_certs"),
+        ssl_certfile=tls.get("ssl_certfile"),
+        ssl_keyfile=tls.get("ssl_keyfile"),
+        ssl_cert_reqs=cert_reqs,
     )
 
 
 class DefaultLimits(LimitSettings, frozen=True, kw_only=True):
     """The top-level ``limits``: the default of every key, and where the counters live. ``redis_url``: counters
-    shared by every worker and replica (Redis or Valkey; ``redis://:${REDIS_PASSWORD}@host:6379/0``); unset: in
-    this process. ``on_store_error``: when Redis cannot be reached, ``allow`` (serve, count the errors) or ``deny``
-    (529 overloaded_error)."""
+    shared by every worker and replica (Redis or Valkey; ``redis://:${REDIS_PASSWORD}@host:6379/0``; ``rediss://``
+    for TLS, with redis-py's ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile`` and ``ssl_cert_reqs``; one
+    endpoint, not a Redis Cluster, which is refused at start); unset: in this process. ``on_store_error``: when Redis
+    cannot be reached, ``allow`` (serve, count the errors) or ``deny`` (529 overloaded_error)."""
 
     redis_url: str | None = None
     on_store_error: Literal["allow", "deny"] = "allow"

@@ -27,6 +27,18 @@ refused) the client waits a little before it tries again (50 ms, doubled at each
 jittered), and calls meanwhile fail at once: a Redis that is down costs a caller no wait, and is not hammered with
 connects. A call is a future, so a caller that needs no answer (the limiter's settlements) adds a callback instead
 of a task.
+
+Each new connection asks ``INFO cluster`` with its set-up (in the same write as AUTH / SELECT and the first calls:
+no round trip of its own) and is refused (``RedisClusterRefused``) when the server says ``cluster_enabled:1``: the
+limiter's scripts touch several keys at once, which a cluster node answers with ``CROSSSLOT`` or ``MOVED``, so
+every admission would fail at run time into ``on_store_error``; refused at connect, ``serve`` can say so and not
+start (``gateway.cli.redis_refusal``). A server that will not answer ``INFO`` (an ACL user without ``+info``, a
+proxy that does not know it) is taken as it is, not refused.
+
+TLS (``rediss://``) is redis-py's, with its URL options: ``ssl_ca_certs`` (the CAs to trust, in place of the
+system's), ``ssl_certfile`` / ``ssl_keyfile`` (a client certificate) and ``ssl_cert_reqs``. The context is the
+connection's own, made at each connect: nothing process-wide changes, and certificates rotated on disk are read
+at the next connect.
 """
 
 from __future__ import annotations
@@ -43,11 +55,17 @@ import hiredis  # small (~150 KB resident), and this module is imported only whe
 
 from gateway.settings import Endpoint, parse_url  # the URL is config: checked when the YAML is read
 
-__all__ = ["Endpoint", "RedisClient", "RedisUnavailable", "ReplyError", "Script", "parse_url"]
+__all__ = ["Endpoint", "RedisClient", "RedisClusterRefused", "RedisUnavailable", "ReplyError", "Script", "parse_url"]
 
 
 class RedisUnavailable(Exception):
     """The server cannot be reached, closed the connection, or did not answer in time."""
+
+
+class RedisClusterRefused(RedisUnavailable):
+    """The server is a Redis Cluster node, which the limiter cannot use (module docstring); a class of its own so
+    that the start-up check can refuse to start on it, and on nothing else (an unreachable Redis is
+    ``on_store_error``'s)."""
 
 
 class ReplyError(Exception):
@@ -64,10 +82,13 @@ class Script:
         self.sha = hashlib.sha1(self.text).hexdigest().encode()
 
 
-# One command under way: the future its reply settles (None for the connection's own AUTH / SELECT, whose error
-# fails the connection), when it was asked (loop time), and the arguments of the command to send instead when the
-# server answers NOSCRIPT (EVAL with the script's text in place of EVALSHA: packed only then, not for every call).
+# One command under way: the future its reply settles (None for the connection's own AUTH / INFO / SELECT, whose
+# error fails the connection, INFO's excepted), when it was asked (loop time), and the arguments of the command to
+# send instead when the server answers NOSCRIPT (EVAL with the script's text in place of EVALSHA: packed only then,
+# not for every call); for the set-up's INFO, _CLUSTER_CHECK.
 _Pending = tuple["asyncio.Future[Any] | None", float, tuple[Any, ...] | None]
+
+_CLUSTER_CHECK = (b"INFO", b"cluster")  # works on every Redis and Valkey (CLUSTER INFO fails where cluster is off)
 
 _RETRY_FIRST = 0.05  # seconds without a connect after one failed; doubled at each failure in a row ...
 _RETRY_MAX = 1.0  # ... up to this; each jittered down to half (workers and replicas do not come back in step)
@@ -123,7 +144,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         said = f"Redis closed the connection ({exc})" if exc else "Redis closed the connection"
-        self.client._drop(self, RedisUnavailable(said))
+        if self.setup:  # before its set-up was answered (a client certificate refused): a failed connect, backed off
+            self.client._connect_failed(self, f"cannot connect to Redis at {self.client._where()}: {said}")
+        else:
+            self.client._drop(self, RedisUnavailable(said))
 
 
 class RedisClient:
@@ -139,6 +163,7 @@ class RedisClient:
         self._failures = 0  # connects failed in a row
         self._retry_at = 0.0  # loop time before which no connect is tried (calls fail at once)
         self._why = ""  # the last connect's failure
+        self._why_type: type[RedisUnavailable] = RedisUnavailable  # and its kind (RedisClusterRefused)
 
     # -- calls -----------------------------------------------------------------------------------------------
 
@@ -193,7 +218,7 @@ class RedisClient:
             return None
         now = loop.time()
         if now < self._retry_at:
-            future.set_exception(RedisUnavailable(f"{self._why} (trying again in {self._retry_at - now:.2f} s)"))
+            future.set_exception(self._why_type(f"{self._why} (trying again in {self._retry_at - now:.2f} s)"))
             return None
         conn = self._conn = _Connection(self, now)
         conn.timer = loop.call_at(now + self.timeout, self._check_time, conn)  # the connect's own deadline
@@ -210,7 +235,7 @@ class RedisClient:
             if end.path is not None:
                 await loop.create_unix_connection(lambda: conn, end.path)
             else:
-                context = ssl.create_default_context() if end.tls else None
+                context = _tls_context(end) if end.tls else None
                 await loop.create_connection(
                     lambda: conn, end.host, end.port, ssl=context, server_hostname=end.host if end.tls else None
                 )
@@ -218,7 +243,7 @@ class RedisClient:
             if conn.transport is not None:
                 conn.transport.abort()
             raise
-        except Exception as exc:  # OSError, ssl.SSLError, …
+        except Exception as exc:  # OSError, ssl.SSLError (an unknown CA, a certificate file unreadable), …
             conn.task = None
             self._connect_failed(conn, f"cannot connect to Redis at {self._where()}: {exc}")
             return
@@ -229,15 +254,18 @@ class RedisClient:
             conn.transport.abort()  # (_drop did, unless it was dead already)
             return
         hello: list[bytes] = []
+        setup: list[_Pending] = []
         if end.password is not None:
             hello.append(_pack((b"AUTH", end.username, end.password) if end.username else (b"AUTH", end.password)))
+            setup.append((None, conn.started, None))
+        hello.append(_pack(_CLUSTER_CHECK))  # before SELECT, which a cluster refuses for any db but 0
+        setup.append((None, conn.started, _CLUSTER_CHECK))
         if end.db:
             hello.append(_pack((b"SELECT", end.db)))
-        if hello:  # answered before everything queued, so they go first; due with the connect
-            conn.setup = len(hello)
-            conn.pending.extendleft([(None, conn.started, None)] * len(hello))
-        else:
-            self._failures = 0
+            setup.append((None, conn.started, None))
+        # answered before everything queued, so they go first; due with the connect
+        conn.setup = len(hello)
+        conn.pending.extendleft(reversed(setup))
         conn.ready = True
         queued, conn.out = conn.out, []
         conn.transport.write(b"".join(hello + queued))
@@ -246,11 +274,24 @@ class RedisClient:
         end = self.endpoint
         return end.path if end.path is not None else f"{end.host}:{end.port}"
 
+    def _cluster_refusal(self) -> str:
+        return (
+            f"Redis at {self._where()} is a Redis Cluster node (INFO cluster: cluster_enabled:1), and Redis Cluster "
+            "is not supported for limits.redis_url: each admission is one script over several keys, which a cluster "
+            "refuses (CROSSSLOT) or sends elsewhere (MOVED), and the gateway's keys are not hash-tagged for one. "
+            "Point it at one Redis or Valkey endpoint: a single server, or the primary of a primary with replicas "
+            "(a managed Redis with cluster mode disabled)"
+        )
+
     def _reply(self, conn: _Connection, reply: Any) -> None:
         pending = conn.pending
         future, _, fallback = pending.popleft()
-        if future is None:  # AUTH or SELECT
-            if isinstance(reply, ReplyError):
+        if future is None:  # AUTH, INFO cluster or SELECT
+            if fallback is _CLUSTER_CHECK:
+                if isinstance(reply, bytes) and b"cluster_enabled:1" in reply.splitlines():
+                    self._connect_failed(conn, self._cluster_refusal(), RedisClusterRefused)
+                    return
+            elif isinstance(reply, ReplyError):
                 self._connect_failed(conn, f"Redis refused the connection's set-up: {reply}")
                 return
             conn.setup -= 1
@@ -288,16 +329,17 @@ class RedisClient:
             return
         conn.timer = loop.call_at(due, self._check_time, conn)
 
-    def _connect_failed(self, conn: _Connection, why: str) -> None:
-        """The attempt failed: given up on, and no other made until a while later (longer at each failure)."""
+    def _connect_failed(self, conn: _Connection, why: str, kind: type[RedisUnavailable] = RedisUnavailable) -> None:
+        """The attempt failed: given up on, and no other made until a while later (longer at each failure); the
+        calls meanwhile fail with the same ``kind`` of error."""
         if conn.dead:
             return
         assert self._loop is not None
         self._failures += 1
         wait = min(_RETRY_MAX, _RETRY_FIRST * 2 ** (self._failures - 1)) * (0.5 + random.random() / 2)
         self._retry_at = self._loop.time() + wait
-        self._why = why
-        self._drop(conn, RedisUnavailable(why))
+        self._why, self._why_type = why, kind
+        self._drop(conn, kind(why))
 
     def _drop(self, conn: _Connection, error: RedisUnavailable) -> None:
         """Give up on the connection (made or being made) and every command under way on it."""
@@ -351,6 +393,22 @@ class RedisClient:
         if tasks:
             await asyncio.wait(tasks)
         await asyncio.sleep(0)  # let the transport's close run
+
+
+def _tls_context(end: Endpoint) -> ssl.SSLContext:
+    """The context of one ``rediss://`` connection, as redis-py's SSLConnection makes it from the same URL options,
+    but for ``ssl_ca_certs``: trusted alone (``cafile=``), where redis-py adds it to the system's CAs: a private CA
+    names the one server the gateway may talk to. Made at each connect, so a certificate rotated on disk is read at
+    the next one; nothing process-wide (the default trust store, the environment) is touched."""
+    context = ssl.create_default_context(cafile=end.ssl_ca_certs)  # with no cafile: the system's CAs
+    if end.ssl_cert_reqs == "none":  # no verification at all (redis-py: check_hostname off with it)
+        context.check_hostname = False  # first: ssl refuses CERT_NONE while it is on
+        context.verify_mode = ssl.CERT_NONE
+    elif end.ssl_cert_reqs == "optional":  # on a client, verifies as CERT_REQUIRED does (the ssl module's docs)
+        context.verify_mode = ssl.CERT_OPTIONAL
+    if end.ssl_certfile is not None:
+        context.load_cert_chain(end.ssl_certfile, end.ssl_keyfile)
+    return context
 
 
 def _pack(args: tuple[Any, ...]) -> bytes:
