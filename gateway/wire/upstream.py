@@ -255,8 +255,8 @@ class AiohttpClient:
             auto_decompress=True,
             skip_auto_headers=("User-Agent",),
             timeout=aiohttp.ClientTimeout(total=None),
-            trust_env=True,  # HTTPS_PROXY / HTTP_PROXY / NO_PROXY, as the h1 client and the cloud SDKs read them
         )
+        self._proxies = ProxyRoutes()  # (not trust_env: see ProxyRoutes)
 
     async def send(
         self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None, timeouts: Timeouts
@@ -272,8 +272,13 @@ class AiohttpClient:
         try:
             # never follow a redirect: no provider redirects a Messages call, and following one would carry the
             # provider key to whatever host it names (a 3xx becomes an upstream error in adapters.base)
+            proxy = None
+            if self._proxies.env or timeouts.proxy:
+                parts = urlsplit(url)
+                port = parts.port or (443 if parts.scheme == "https" else 80)
+                proxy = self._proxies.url(parts.scheme, parts.hostname or "", port, timeouts.proxy)
             resp = await self._session.request(
-                method, url, headers=headers, data=body, timeout=timeout, allow_redirects=False, proxy=timeouts.proxy
+                method, url, headers=headers, data=body, timeout=timeout, allow_redirects=False, proxy=proxy
             )
         except TimeoutError as exc:
             log.warning("timed out connecting to or waiting for %s", _host(url))
@@ -822,6 +827,33 @@ async def _tunnel(loop: asyncio.AbstractEventLoop, sock: socket.socket, host: st
         raise MalformedResponse("bytes after the proxy's answer to CONNECT")
 
 
+class ProxyRoutes:
+    """Which proxy a request to an origin goes through: the provider's ``proxy``, else the environment's for the
+    scheme (``HTTPS_PROXY``/``HTTP_PROXY``, ``ALL_PROXY`` after them) unless ``NO_PROXY`` names the host — the
+    variables as google-auth, botocore and azure-identity read them, read once, when the client is made; each
+    origin's answer decided once and remembered. Both the h1 and the aiohttp client ask it (aiohttp's own
+    ``trust_env`` looks up ``~/.netrc`` and the proxies in a thread on every request: three times its CPU)."""
+
+    def __init__(self) -> None:
+        self.env = urllib.request.getproxies_environment()
+        self._routes: dict[tuple[str, str, int, str | None], str | None] = {}
+
+    def url(self, scheme: str, host: str, port: int, configured: str | None) -> str | None:
+        """The proxy's URL for this origin, or None: direct."""
+        route = (scheme, host, port, configured)
+        if route in self._routes:
+            return self._routes[route]
+        env = self.env
+        url = configured or env.get(scheme) or env.get("all")
+        if configured is None and url and urllib.request.proxy_bypass_environment(host, env):  # type: ignore[attr-defined]
+            url = None
+        if url is not None and "://" not in url:
+            url = f"http://{url}"
+        if len(self._routes) < 1024:
+            self._routes[route] = url
+        return url
+
+
 class PoolObserver(Protocol):
     """What the h1 client tells of its pools (``gateway.observability.metrics.PoolMetrics``), per origin
     ``(scheme, host, port)``."""
@@ -862,8 +894,8 @@ class H1Client:
         self.metrics: PoolObserver | None = None  # set by the gateway: the pools in /metrics
         # HTTPS_PROXY / HTTP_PROXY / ALL_PROXY / NO_PROXY (either case), as google-auth, botocore and azure-identity
         # read them: read once, here; the route of each origin is decided once and remembered
-        self._env_proxies = urllib.request.getproxies_environment()
-        self._routes: dict[tuple[str, str, int, str | None], Proxy | None] = {}
+        self._proxies = ProxyRoutes()
+        self._parsed: dict[str, Proxy] = {}
 
     def _release(self, conn: _Conn, timeouts: Timeouts | None) -> None:
         idle = self._idle.setdefault(conn.key, [])
@@ -923,18 +955,12 @@ class H1Client:
         return infos
 
     def _proxy(self, scheme: str, host: str, port: int, configured: str | None) -> Proxy | None:
-        """The proxy a request to this origin goes through: the provider's ``proxy``, else the environment's for
-        the scheme (``ALL_PROXY`` after it) unless ``NO_PROXY`` names the host; None: direct."""
-        route = (scheme, host, port, configured)
-        if route in self._routes:
-            return self._routes[route]
-        env = self._env_proxies
-        url = configured or env.get(scheme) or env.get("all")
-        if configured is None and url and urllib.request.proxy_bypass_environment(host, env):  # type: ignore[attr-defined]
-            url = None
-        found = parse_proxy(url) if url else None
-        if len(self._routes) < 1024:
-            self._routes[route] = found
+        url = self._proxies.url(scheme, host, port, configured)
+        if url is None:
+            return None
+        found = self._parsed.get(url)
+        if found is None:
+            found = self._parsed[url] = parse_proxy(url)
         return found
 
     async def _connect(self, key: tuple[str, str, int], seconds: float, proxy: Proxy | None = None) -> _Conn:
@@ -1001,7 +1027,7 @@ class H1Client:
         port = parts.port or (443 if scheme == "https" else 80)
         key = (scheme, parts.hostname or "", port)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        proxy = self._proxy(scheme, key[1], port, timeouts.proxy) if self._env_proxies or timeouts.proxy else None
+        proxy = self._proxy(scheme, key[1], port, timeouts.proxy) if self._proxies.env or timeouts.proxy else None
         if proxy is not None and scheme == "http":  # plain HTTP through a proxy: the absolute form, to the proxy
             target = f"http://{parts.netloc}{target}"
             if proxy.authorization:
