@@ -23,10 +23,10 @@ unanswered command when it fires and arms again for it (or, everything answered,
 at every reply). A command that has waited ``timeout`` seconds (for the connection, or for its reply) fails the
 connection and with it every command under way on it; the next call connects again. A connect (with its AUTH /
 SELECT) has ``timeout`` seconds of its own from when it began. After a connect fails (refused, timed out, its set-up
-refused) the client waits a little before it tries again (50 ms, doubled at each failure in a row up to 1 s,
-jittered), and calls meanwhile fail at once: a Redis that is down costs a caller no wait, and is not hammered with
-connects. A call is a future, so a caller that needs no answer (the limiter's settlements) adds a callback instead
-of a task.
+refused or unanswered) the client waits a little before it tries again (50 ms, doubled at each failure in a row up to
+1 s, jittered), and calls meanwhile fail at once: a Redis that is down (or that takes connections but answers
+nothing) costs a caller no wait, and is not hammered with connects. A call is a future, so a caller that needs no
+answer (the limiter's settlements) adds a callback instead of a task.
 
 Each new connection asks ``INFO cluster`` with its set-up (in the same write as AUTH / SELECT and the first calls:
 no round trip of its own) and is refused (``RedisClusterRefused``) when the server says ``cluster_enabled:1``: the
@@ -323,7 +323,14 @@ class RedisClient:
         elif conn.pending:
             due = conn.pending[0][1] + self.timeout
             if loop.time() >= due:
-                self._drop(conn, RedisUnavailable(f"no answer from Redis within {self.timeout:g} s"))
+                if conn.setup:  # its AUTH / INFO / SELECT unanswered: a connect that timed out, backed off as one
+                    # refused is, so that a server taking connections but answering nothing costs each call no wait
+                    why = (
+                        f"cannot connect to Redis at {self._where()}: no answer to the set-up within {self.timeout:g} s"
+                    )
+                    self._connect_failed(conn, why)
+                else:
+                    self._drop(conn, RedisUnavailable(f"no answer from Redis within {self.timeout:g} s"))
                 return
         else:
             return
