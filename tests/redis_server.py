@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import socket
 import subprocess
@@ -66,6 +67,8 @@ class RedisServer:
 def start_redis(*extra: str) -> RedisServer:
     if shutil.which("redis-server") is None:
         raise RuntimeError("redis-server is not installed (Debian: apt-get install redis-server)")
-    server = RedisServer(free_port(), Path(tempfile.mkdtemp(prefix="gateway-redis-")), extra=extra)
+    directory = Path(tempfile.mkdtemp(prefix="gateway-redis-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)  # (its data: gone with the test process)
+    server = RedisServer(free_port(), directory, extra=extra)
     server.start()
     return server
