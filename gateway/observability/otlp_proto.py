@@ -55,6 +55,7 @@ __all__ = [
     "encode_attributes",
     "encode_metrics",
     "encode_span",
+    "encode_span_fields",
     "encode_traces",
 ]
 
@@ -400,6 +401,30 @@ def encode_traces(
     if not parts:
         return b""
     return _request(resource, _scope(scope_name, scope_version), parts, schema_url)
+
+
+def encode_span_fields(
+    trace_id: bytes,
+    span_id: bytes,
+    parent_span_id: bytes,
+    trace_state: str,
+    name: str,
+    kind: int,
+    start_ns: int,
+    end_ns: int,
+    attributes: bytes,
+    status_code: int,
+    status_message: str,
+    flags: int,
+    parent_is_remote: bool,
+) -> bytes:
+    """``encode_span`` of the ``SpanRecord`` these fields make, without making it (the tracer's path: one tuple fewer
+    a span)."""
+    fields = (trace_id, span_id, parent_span_id, trace_state, name, kind, start_ns, end_ns, attributes, status_code)
+    fields2 = (status_message, flags, parent_is_remote)
+    body = _c_span(*fields, *fields2) if _c_span is not None else _span(SpanRecord(*fields, *fields2))
+    n = len(body)
+    return b"\x12" + (_V1[n] if n < 0x80 else _varint(n)) + body
 
 
 def encode_span(span: SpanRecord) -> bytes:

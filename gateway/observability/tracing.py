@@ -5,7 +5,7 @@ SERVER span's id and start, the request's parameters, and one ``AttemptSpan`` pe
 spans, whose ``traceparent`` goes upstream with the attempt (``ProxyRequest.traceparent``). Nothing is built while
 the request runs but ids and clock readings: when the request is recorded (``SpanSink``, the one recording seam),
 ``Tracer.record`` sets the ``Finished`` record and the trace aside; ``Tracer.flush`` turns a batch of them into
-``SpanRecord`` s and histogram points (once 32 wait, after the request that completed the batch, or before an export)
+encoded spans and histogram points (once 32 wait, after the request that completed the batch, or before an export)
 and hands them to the exporter's bounded queue (``gateway.observability.otlp_export``), off the request path. The
 attribute names and their sources are listed in ``docs/design.md`` (§ Traces).
 
@@ -36,8 +36,7 @@ from gateway.observability.otlp_proto import (
     SPAN_KIND_CLIENT,
     SPAN_KIND_SERVER,
     STATUS_ERROR,
-    SpanRecord,
-    encode_span,
+    encode_span_fields,
 )
 from gateway.observability.otlp_proto import encode_attributes as _encode
 
@@ -69,7 +68,9 @@ GEN_AI_PROVIDERS: dict[str, str] = {
 }
 
 _HEX = frozenset("0123456789abcdef")
+_ALWAYS = 1 << 64  # sample_ratio 1.0's bound
 _TRACE_FLAG_SAMPLED = 0x01
+_FLAGS_HEX = tuple(f"{flags:02x}" for flags in range(256))
 _MAX_TRACESTATE = 512  # W3C: 32 members of at most 256 characters; a longer header is not kept
 
 
@@ -188,7 +189,7 @@ class RequestTrace:
 
     def traceparent(self, span: AttemptSpan) -> str:
         """The ``traceparent`` an attempt's upstream request carries: this trace, the attempt's span."""
-        return f"00-{self.trace_id.hex()}-{span.span_id.hex()}-{self.flags:02x}"
+        return f"00-{self.trace_id.hex()}-{span.span_id.hex()}-{_FLAGS_HEX[self.flags]}"
 
 
 def _span_id() -> bytes:
@@ -247,20 +248,20 @@ class Tracer:
 
     def start(self, headers: Mapping[str, str]) -> RequestTrace:
         """The trace of a request that just arrived: the caller's (``traceparent``/``tracestate``) or a new one."""
-        trace = self._start(headers)
-        trace.capture = self.capture and trace.sampled
-        return trace
-
-    def _start(self, headers: Mapping[str, str]) -> RequestTrace:
-        parent = parse_traceparent(headers.get("traceparent"))
+        value = headers.get("traceparent")
+        parent = parse_traceparent(value) if value else None
         if parent is not None:
             trace_id, parent_id, flags = parent
             state = headers.get("tracestate", "")
             state = state if len(state) <= _MAX_TRACESTATE else ""
-            return RequestTrace(trace_id, parent_id, flags & 0xFF, state, _span_id())
-        trace_id = _trace_id()
-        sampled = self._bound >= (1 << 64) or int.from_bytes(trace_id[8:], "big") < self._bound
-        return RequestTrace(trace_id, b"", _TRACE_FLAG_SAMPLED if sampled else 0, "", _span_id())
+            trace = RequestTrace(trace_id, parent_id, flags & 0xFF, state, _span_id())
+        else:
+            trace_id = _trace_id()
+            sampled = self._bound >= _ALWAYS or int.from_bytes(trace_id[8:], "big") < self._bound
+            trace = RequestTrace(trace_id, b"", _TRACE_FLAG_SAMPLED if sampled else 0, "", _span_id())
+        if self.capture and trace.flags & _TRACE_FLAG_SAMPLED:
+            trace.capture = True
+        return trace
 
     def record(self, f: Finished, trace: RequestTrace) -> None:
         """A finished request, set aside with its end time: its spans and metrics are built with the others' (a
@@ -296,11 +297,10 @@ class Tracer:
         if not (self.traces and trace.sampled):
             return
         answer = _answer(f) if completed or f.attempts else b""  # shared by the SERVER and the serving CLIENT span
-        spans = [encode_span(self._server_span(f, trace, end_ns, operation, provider, error_type, answer))]
+        spans = [self._server_span(f, trace, end_ns, operation, provider, error_type, answer)]
         last = len(attempts) - 1
         for n, attempt in enumerate(attempts):
-            span = self._client_span(f, trace, attempt, n, n == last, end_ns, operation, error_type, answer)
-            spans.append(encode_span(span))
+            spans.append(self._client_span(f, trace, attempt, n, n == last, end_ns, operation, error_type, answer))
         self.exporter.submit(spans)
 
     def _server_span(
@@ -312,7 +312,8 @@ class Tracer:
         provider: str,
         error_type: str,
         answer: bytes,
-    ) -> SpanRecord:
+    ) -> bytes:
+        """The SERVER span, encoded (``encode_span_fields``: no ``SpanRecord`` made)."""
         route = trace.route or f.path
         facts: tuple[Any, ...] = (f.method, route, f.path, f.status, f.outcome, f.attempts, f.alias, f.provider)
         facts += (f.model, f.key_name, f.team, f.user, f.panic, f.limit, f.dropped, error_type)
@@ -329,7 +330,7 @@ class Tracer:
         attributes = b"".join(
             (_request_attributes(f, trace, operation, trace.request_model, provider), answer, server, _encode(variable))
         )
-        return SpanRecord(  # (positional: a third of the keywords' cost)
+        return encode_span_fields(
             trace.trace_id,
             trace.span_id,
             trace.parent_id,
@@ -356,7 +357,8 @@ class Tracer:
         operation: str,
         request_error: str,
         answer: bytes,
-    ) -> SpanRecord:
+    ) -> bytes:
+        """An attempt's CLIENT span, encoded."""
         error_type = attempt.error_type
         answered = not error_type and serving  # the attempt that answered: the answer is its
         if answered:
@@ -376,7 +378,7 @@ class Tracer:
             parts += (answer, _encode(variable))
         if trace.inputs:  # (capture_content) what every attempt was sent
             parts.append(_encode(trace.inputs))
-        return SpanRecord(
+        return encode_span_fields(
             trace.trace_id,
             attempt.span_id,
             trace.span_id,
@@ -389,6 +391,7 @@ class Tracer:
             STATUS_ERROR if error_type else 0,
             error_type,
             trace.flags,
+            False,
         )
 
     def _metrics(

@@ -175,7 +175,7 @@ class _Silent(asyncio.Protocol):
             self.transport.close()
 
 
-def test_a_server_that_never_answers_fails_every_call_under_way_within_the_timeout_then_it_connects_again() -> None:
+def test_a_silent_server_fails_every_call_under_way_within_the_timeout_backs_off_then_connects_again() -> None:
     async def go() -> None:
         loop = asyncio.get_running_loop()
         connections: list[_Silent] = []
@@ -196,6 +196,11 @@ def test_a_server_that_never_answers_fails_every_call_under_way_within_the_timeo
         assert all(isinstance(r, RedisUnavailable) and "within 0.3 s" in str(r) for r in results), results
         assert 0.27 <= waited < 0.3 + 0.5
         assert len(connections) == 1
+        quick = time.monotonic()
+        with pytest.raises(RedisUnavailable, match=r"no answer to the set-up within 0\.3 s \(trying again in"):
+            await client.call("PING")  # backed off after a set-up that went unanswered: fails at once, no connect
+        assert time.monotonic() - quick < 0.05 and len(connections) == 1
+        await asyncio.sleep(0.1)  # the first back-off: 50 ms, jittered
         _Silent.hang_up = True
         try:
             with pytest.raises(RedisUnavailable, match="closed the connection"):
