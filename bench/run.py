@@ -836,6 +836,15 @@ def _tracing_table(report: dict[str, Any]) -> list[str]:
     lines = [
         "## Tracing: on vs off (same run)",
         "",
+        *(
+            [
+                "**A/A control (`--tracing-control`)**: the second gateway runs *without* `telemetry.otlp`; the "
+                "difference below is the measurement's own bias and noise, not tracing's cost.",
+                "",
+            ]
+            if report["config"].get("tracing_control")
+            else []
+        ),
         f"`{TRACED}`: a second gateway process (same config, same core, fresh) with `telemetry.otlp` "
         f"(`http/protobuf` to `bench/otlp_sink.py` on the load core; every request traced, batches of 512 spans or "
         f"every 5 s), measured right after the plain gateway in each scenario. Off / on: the gateway process tree's "
@@ -1097,6 +1106,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also run every scenario but the soak through a second gateway with telemetry.otlp on (every request "
         "traced, exported to bench/otlp_sink.py): its CPU per request against the plain gateway's, same run",
     )
+    parser.add_argument(
+        "--tracing-control",
+        action="store_true",
+        help="with --tracing: the second gateway without telemetry.otlp (an A/A run: what measuring it second, in a "
+        "fresh process, shows with nothing traced)",
+    )
     parser.add_argument("--upstream-client", choices=("aiohttp", "h1", "httpx", "httpx-aiohttp"), default=None)
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (--workers)")
     parser.add_argument("--soak-seconds", type=float, default=None, help="soak length (default 600; --quick 20)")
@@ -1181,6 +1196,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "store": args.store,
             "limits": args.limits,
             "tracing": tracing_requested,
+            "tracing_control": bool(tracing_requested and args.tracing_control),
             "logs": str(work),
         },
         "results": [],
@@ -1245,7 +1261,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         system.load_extra.append(sink)
         system.sink_port = sink_port
         traced_config = work / "gateway-traced.yaml"
-        telemetry = tracing_yaml(sink_port)
+        telemetry = "" if args.tracing_control else tracing_yaml(sink_port)
         traced_config.write_text(gateway_config(tr_port, up_port, store, args.limits) + telemetry)
         traced = Proc(
             TRACED,
