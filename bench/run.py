@@ -535,6 +535,7 @@ class Options:
     ttft_repeats: int
     ttft_requests: int
     litellm: bool
+    tracing_pairs: int = 0
 
 
 def _load(s: Scenario, opts: Options, **over: Any) -> Load:
@@ -586,7 +587,43 @@ async def run_scenario(system: System, s: Scenario, opts: Options) -> dict[str, 
         if name == "litellm":  # ~50 ms of CPU per stream: a short window would complete none at C >= 10
             load = _load(s, opts, duration_s=max(10.0, load.duration_s or 0.0), warmup_s=max(2.0, load.warmup_s))
         phases[name] = await measure(system, name, load, label=s.name)
-    return {"scenario": s.name, "kind": s.kind, "about": s.about, "per": s.per, "phases": phases}
+    entry = {"scenario": s.name, "kind": s.kind, "about": s.about, "per": s.per, "phases": phases}
+    if TRACED in phases and opts.tracing_pairs:
+        entry["tracing_pairs"] = await _tracing_pairs(system, s, opts)
+    return entry
+
+
+def _cpu_us(phase: dict[str, Any], per: str) -> float | None:
+    """A phase's gateway CPU per unit in µs (per event for the paced scenarios, else per request or stream)."""
+    if per == "event":
+        value = phase.get("cpu_us_per_event")
+        return None if value is None else float(value)
+    ms = phase.get("cpu_ms_per_request")
+    return None if ms is None else ms * 1e3
+
+
+async def _tracing_pairs(system: System, s: Scenario, opts: Options) -> list[dict[str, Any]]:
+    """``--tracing-pairs N``: N more windows of each gateway, alternating (plain then traced, then traced then
+    plain, ...), each pair's difference taken within the pair — the host's drift over a run (this machine's CPU
+    per request moves by tens of µs from one minute to the next) falls on both sides of a pair alike."""
+    pairs: list[dict[str, Any]] = []
+    for k in range(opts.tracing_pairs):
+        order = ["gateway", TRACED] if k % 2 == 0 else [TRACED, "gateway"]
+        got: dict[str, dict[str, Any]] = {}
+        for name in order:
+            await asyncio.sleep(0.3)
+            got[name] = await measure(system, name, _load(s, opts), label=f"{s.name} pair {k + 1}")
+        off, on = _cpu_us(got["gateway"], s.per), _cpu_us(got[TRACED], s.per)
+        pairs.append(
+            {
+                "order": order,
+                "off_us": None if off is None else round(off, 1),
+                "on_us": None if on is None else round(on, 1),
+                "difference_us": None if off is None or on is None else round(on - off, 1),
+                "errors": got["gateway"].get("errors", 0) + got[TRACED].get("errors", 0),
+            }
+        )
+    return pairs
 
 
 async def _run_ttft(system: System, s: Scenario, opts: Options) -> dict[str, Any]:
@@ -816,7 +853,11 @@ def tracing_versus(entry: dict[str, Any]) -> dict[str, Any] | None:
         unit = entry["per"]
         a = None if ms_off is None else round(ms_off * 1e3, 1)
         b = None if ms_on is None else round(ms_on * 1e3, 1)
+    pairs = [p["difference_us"] for p in entry.get("tracing_pairs", []) if p["difference_us"] is not None]
     return {
+        "pairs": len(pairs),
+        "pairs_median_us": _median(pairs),
+        "pairs_range_us": [min(pairs), max(pairs)] if pairs else None,
         "unit": unit,
         "off_us": a,
         "on_us": b,
@@ -870,6 +911,27 @@ def _tracing_table(report: dict[str, Any]) -> list[str]:
             f"| {_fmt(x.get('spans_exported'))} / {_fmt(x.get('spans_dropped'))} / {_fmt(x.get('spans_failed'))} "
             f"| {v['errors_off']} / {v['errors_on']} |"
         )
+    paired = [e for e in results if (e.get("tracing") or {}).get("pairs")]
+    if paired:
+        lines += [
+            "",
+            "Alternating pairs (`--tracing-pairs`): more windows of each gateway after the first two, plain then "
+            "traced, then traced then plain, and so on; each difference is taken within its pair, so the host's drift "
+            "over the run falls on both sides alike.",
+            "",
+            "| scenario | pairs | median difference µs | range µs | each pair: off → on (difference) |",
+            "|---|--:|--:|--:|---|",
+        ]
+        for entry in paired:
+            v = entry["tracing"]
+            low, high = v["pairs_range_us"]
+            each = ", ".join(
+                f"{_fmt(p['off_us'])} → {_fmt(p['on_us'])} ({_fmt(p['difference_us'])})" for p in entry["tracing_pairs"]
+            )
+            lines.append(
+                f"| {entry['scenario']} | {v['pairs']} | **{_fmt(v['pairs_median_us'])}** "
+                f"| {_fmt(low)} … {_fmt(high)} | {each} |"
+            )
     end = tr.get("sink_at_end") or {}
     if end:
         t, m = end.get("traces", {}), end.get("metrics", {})
@@ -1112,6 +1174,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --tracing: the second gateway without telemetry.otlp (an A/A run: what measuring it second, in a "
         "fresh process, shows with nothing traced)",
     )
+    parser.add_argument(
+        "--tracing-pairs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --tracing: N more windows of each gateway per scenario, alternating, the difference taken within "
+        "each pair; the report gives their median and range",
+    )
     parser.add_argument("--upstream-client", choices=("aiohttp", "h1", "httpx", "httpx-aiohttp"), default=None)
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (--workers)")
     parser.add_argument("--soak-seconds", type=float, default=None, help="soak length (default 600; --quick 20)")
@@ -1167,6 +1237,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         ttft_repeats=args.ttft_repeats or (4 if args.quick else 6),
         ttft_requests=args.ttft_requests,
         litellm=args.litellm,
+        tracing_pairs=args.tracing_pairs,
     )
     floor_requested = args.floor and any(_floor_runs(s) for s in scenarios)
     tracing_requested = args.tracing and any(_tracing_runs(s) for s in scenarios)
