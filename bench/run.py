@@ -21,6 +21,7 @@ import platform
 import re
 import resource
 import shlex
+import shutil
 import signal
 import socket
 import statistics
@@ -277,6 +278,19 @@ async def _wait_tcp(proc: Proc, port: int, limit_s: float) -> None:
     raise RuntimeError(f"{proc.name} not listening on port {port} after {limit_s:.0f} s:\n{proc.log_tail()}")
 
 
+def _ledger_rows(path: Path) -> int | None:
+    """Rows in a SQLite ledger (the governed gateway's, after it stopped), or None when it cannot be read."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            usage = [t for t in tables if "usage" in t or "ledger" in t or "request" in t]
+            return int(db.execute(f'SELECT count(*) FROM "{usage[0]}"').fetchone()[0]) if usage else None
+    except (sqlite3.Error, OSError):
+        return None
+
+
 def _limits_yaml(limits: str) -> str:
     if limits == "off":
         return ""
@@ -284,13 +298,15 @@ def _limits_yaml(limits: str) -> str:
     return f"limits: {{requests_per_minute: 100000000, tokens_per_minute: 100000000000, max_inflight: 100000{redis}}}\n"
 
 
-def gateway_config(port: int, upstream_port: int, store: str = "off", limits: str = "off") -> str:
+def gateway_config(
+    port: int, upstream_port: int, store: str = "off", limits: str = "off", auth: str = "auth: {open: true}\n"
+) -> str:
     """``store``: the usage ledger — ``off``, or a ``store.url`` (``sqlite:///…``, ``postgresql://…``).
-    ``limits``: ``off``, ``memory`` (limits no request reaches, counted in the process) or a ``redis://`` URL."""
+    ``limits``: ``off``, ``memory`` (limits no request reaches, counted in the process) or a ``redis://`` URL.
+    ``auth``: the ``auth`` block (open: no key asked; the governed gateway's: JWTs)."""
     ledger = "store: {enabled: false}\n" if store == "off" else f'store: {{url: "{store}"}}\n'
     return (
-        f"server: {{host: {HOST}, port: {port}}}\n"
-        "auth: {open: true}\n" + ledger + _limits_yaml(limits) + "providers:\n"
+        f"server: {{host: {HOST}, port: {port}}}\n" + auth + ledger + _limits_yaml(limits) + "providers:\n"
         f'  up: {{kind: anthropic, api_key: bench, base_url: "http://{HOST}:{upstream_port}"}}\n'
         f'  bedrock: {{kind: bedrock, region: us-east-1, base_url: "http://{HOST}:{upstream_port}", '
         "access_key_id: AKIDBENCH, secret_access_key: bench-secret}\n"
@@ -301,6 +317,7 @@ def gateway_config(port: int, upstream_port: int, store: str = "off", limits: st
 
 
 TRACED = "gateway-traced"  # the second gateway process of --tracing: the same config plus telemetry.otlp
+GOVERNED = "gateway-governed"  # ledger on SQLite, limits over Redis, JWTs (bench.governed): in every report
 
 
 def tracing_yaml(sink_port: int) -> str:
@@ -580,6 +597,11 @@ def _tracing_runs(s: Scenario) -> bool:
     return s.kind != "soak"
 
 
+def _governed_runs(s: Scenario) -> bool:
+    """The governed gateway runs the scenarios issue 36's governance target names: burst-c10 and json-c10."""
+    return s.name in ("burst-c10", "json-c10")
+
+
 def _targets(system: System, s: Scenario) -> list[str]:
     return [
         name
@@ -588,6 +610,7 @@ def _targets(system: System, s: Scenario) -> list[str]:
         or (name == "litellm" and s.litellm)
         or (name == "floor" and _floor_runs(s))
         or (name == TRACED and _tracing_runs(s))
+        or (name == GOVERNED and _governed_runs(s))
     ]
 
 
@@ -887,6 +910,62 @@ def tracing_versus(entry: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def governed_versus(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """The gateway's CPU per unit without governance (``gateway``) and with it (``gateway-governed``), same run."""
+    phases = entry["phases"]
+    if GOVERNED not in phases or "gateway" not in phases:
+        return None
+    off, on = _cpu_us(phases["gateway"], entry["per"]), _cpu_us(phases[GOVERNED], entry["per"])
+    return {
+        "unit": entry["per"],
+        "off_us": None if off is None else round(off, 1),
+        "on_us": None if on is None else round(on, 1),
+        "difference_us": round(on - off, 1) if off is not None and on is not None else None,
+        "ratio": round(on / off, 3) if off and on is not None else None,
+        "rps_off": phases["gateway"].get("rps"),
+        "rps_on": phases[GOVERNED].get("rps"),
+        "errors_off": phases["gateway"].get("errors"),
+        "errors_on": phases[GOVERNED].get("errors"),
+    }
+
+
+def _governed_table(report: dict[str, Any]) -> list[str]:
+    g = report.get("governed", {})
+    lines = [
+        "## Governance on vs off (same run)",
+        "",
+        f"`{GOVERNED}`: a second gateway process (same core, fresh) with the usage ledger on SQLite, limits over Redis "
+        "(a `redis-server` of the run's own on the load core; limits no request reaches, so every request is "
+        "admitted, counted and settled) and its identity provider's JWT (RS256, verified once, then remembered "
+        "until it expires) as the bearer instead of no key, measured right after the plain gateway. Issue 36's "
+        "target: at most +10 %.",
+        "",
+        "| scenario | per | off µs | governed µs | difference µs | governed / off | req/s off / governed "
+        "| errors off / governed |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    for entry in report["results"]:
+        v = entry.get("governed")
+        if not v:
+            continue
+        ratio = f"{v['ratio']:.3f}x" if v["ratio"] else "—"
+        lines.append(
+            f"| {entry['scenario']} | {v['unit']} | {_fmt(v['off_us'])} | {_fmt(v['on_us'])} "
+            f"| {_fmt(v['difference_us'])} | {ratio} | {_fmt(v['rps_off'])} / {_fmt(v['rps_on'])} "
+            f"| {v['errors_off']} / {v['errors_on']} |"
+        )
+    if g.get("error"):
+        lines += ["", f"The governed gateway did not run: {g['error']}"]
+    if g.get("ledger_rows") is not None:
+        lines += [
+            "",
+            f"Its ledger at the end: {_fmt(g['ledger_rows'])} rows; JWKS fetched {g.get('jwks_fetches')} times.",
+        ]
+    if g.get("log_problems"):
+        lines += ["", f"Problems in its log (`{g.get('log')}`):", "", "```", *g["log_problems"], "```"]
+    return lines
+
+
 def _tracing_table(report: dict[str, Any]) -> list[str]:
     results = report["results"]
     tr = report.get("tracing", {})
@@ -1081,6 +1160,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         out += ["", *_floor_table(results)]
     if "tracing" in report:
         out += ["", *_tracing_table(report)]
+    if "governed" in report:
+        out += ["", *_governed_table(report)]
     if "litellm" in report:
         out += ["", "## LiteLLM proxy vs direct (same load)", ""]
         lt = report["litellm"]
@@ -1198,6 +1279,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --tracing: N more windows of each gateway per scenario, alternating, the difference taken within "
         "each pair; the report gives their median and range",
     )
+    parser.add_argument(
+        "--no-governed",
+        action="store_true",
+        help="leave out the governed gateway (ledger on SQLite, limits over Redis, JWTs) that burst-c10 and json-c10 "
+        "otherwise also run through",
+    )
     parser.add_argument("--upstream-client", choices=("aiohttp", "h1", "httpx", "httpx-aiohttp"), default=None)
     parser.add_argument("--workers", type=int, default=1, help="gateway worker processes (--workers)")
     parser.add_argument("--soak-seconds", type=float, default=None, help="soak length (default 600; --quick 20)")
@@ -1258,6 +1345,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     floor_requested = args.floor and any(_floor_runs(s) for s in scenarios)
     tracing_requested = args.tracing and any(_tracing_runs(s) for s in scenarios)
+    governed_requested = not args.no_governed and any(_governed_runs(s) for s in scenarios)
     cores = os.cpu_count() or 1
     pin = cores >= 2 and not args.no_pin
     load_cpu, gw_cpu = (args.load_cpu, args.gateway_cpu) if pin else (None, None)
@@ -1285,6 +1373,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "limits": args.limits,
             "tracing": tracing_requested,
             "tracing_control": bool(tracing_requested and args.tracing_control),
+            "governed": governed_requested,
             "logs": str(work),
         },
         "results": [],
@@ -1396,6 +1485,64 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         tracing["idle_rss_mb"] = _mb(traced.rss().rss_kb)
         print(f"[bench] otlp sink :{sink_port} (pid {sink.pid}), gateway with tracing :{tr_port} (pid {traced.pid})")
 
+    # The governed gateway (issue 36): in every run that has burst-c10 or json-c10, unless --no-governed
+    governed: Proc | None = None
+    gv_port = _free_port()
+    idp: Any = None
+    governed_info: dict[str, Any] = {}
+
+    async def start_governed() -> None:
+        assert governed is not None
+        governed.start()
+        await wait_ready(governed, gv_port, "/healthz", 60.0)
+
+    async def start_governance() -> None:
+        nonlocal governed, idp
+        from bench.governed import IdentityProvider, governed_yaml
+
+        report["governed"] = governed_info
+        if shutil.which("redis-server") is None:
+            governed_info["error"] = "no redis-server on this machine"
+            return
+        gv_redis_port = _free_port()
+        gv_redis = Proc(
+            "governed-redis",
+            ["redis-server", "--port", str(gv_redis_port), "--bind", HOST, "--save", "", "--appendonly", "no"],
+            work / "governed-redis.log",
+            cpu=load_cpu,
+            env=child_env(),
+        )
+        procs.append(gv_redis)
+        gv_redis.start()
+        await _wait_tcp(gv_redis, gv_redis_port, 30.0)
+        system.load_extra.append(gv_redis)
+        idp = IdentityProvider(HOST)
+        await idp.start()
+        ledger = work / "governed-ledger.db"
+        config_text = gateway_config(
+            gv_port, up_port, f"sqlite:///{ledger}", f"redis://{HOST}:{gv_redis_port}/0", governed_yaml(idp)
+        )
+        gv_config = work / "gateway-governed.yaml"
+        gv_config.write_text(config_text)
+        governed = Proc(
+            GOVERNED,
+            gateway_argv(gv_config, gv_port, args.workers),
+            work / "gateway-governed.log",
+            cpu=gw_cpu,
+            env=child_env({"MESSAGES_GATEWAY_UPSTREAM_CLIENT": client}),
+        )
+        procs.append(governed)
+        governed_info.update({"config": config_text, "port": gv_port, "log": str(governed.log), "ledger": str(ledger)})
+        await start_governed()
+        system.suts[GOVERNED] = (
+            governed,
+            Target(GOVERNED, HOST, gv_port, headers=(("authorization", f"Bearer {idp.token()}"),)),
+        )
+        system.restart[GOVERNED] = start_governed
+        await asyncio.sleep(0.5)
+        governed_info["idle_rss_mb"] = _mb(governed.rss().rss_kb)
+        print(f"[bench] governed gateway :{gv_port} (pid {governed.pid}), its redis :{gv_redis_port}, JWKS :{idp.port}")
+
     try:
         if redis is not None:
             procs.append(redis)
@@ -1417,6 +1564,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"[bench] upstream :{up_port} (pid {upstream.pid}), gateway :{gw_port} (pid {gateway.pid}); logs {work}")
         if tracing_requested:
             await start_tracing()
+        if governed_requested:
+            await start_governance()
         if floor_requested:
             fl_port = _free_port()
             floor = Proc(
@@ -1458,6 +1607,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 if traced is not None and _tracing_runs(s):
                     traced.stop()
                     await start_traced()
+                if governed is not None and _governed_runs(s):
+                    governed.stop()
+                    await start_governed()
                 await asyncio.sleep(0.5)
             entry = await run_scenario(system, s, opts)
             if s.compare:
@@ -1465,6 +1617,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             versus_tracing = tracing_versus(entry)
             if versus_tracing is not None:
                 entry["tracing"] = versus_tracing
+            versus_governed = governed_versus(entry)
+            if versus_governed is not None:
+                entry["governed"] = versus_governed
             report["results"].append(entry)
             for name in entry["phases"]:
                 if name == "direct":
@@ -1472,6 +1627,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 metric, dv, gv, ratio, cpu, added = _headline(entry, name)
                 errs = "/".join(str(entry["phases"][n]["errors"]) for n in entry["phases"])
                 versus = _versus(entry) if name == "gateway" else ""
+                if name == GOVERNED and entry.get("governed"):
+                    v = entry["governed"]
+                    versus = f"governed vs off {_fmt(v['on_us'])} / {_fmt(v['off_us'])} µs per {v['unit']}"
                 if name == TRACED and entry.get("tracing"):
                     v = entry["tracing"]
                     versus = (
@@ -1505,9 +1663,19 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for line in traced.log_tail(400).splitlines()
                 if re.search(r"ERROR|WARNING|Traceback|Exception|otlp", line)
             ][:20]
+        if governed is not None:
+            governed_info["alive_at_end"] = governed.alive()
+            governed_info["jwks_fetches"] = idp.fetches if idp is not None else None
+            governed_info["log_problems"] = [
+                line for line in governed.log_tail(400).splitlines() if re.search(r"ERROR|Traceback|Exception", line)
+            ][:20]
+            governed.stop()
+            governed_info["ledger_rows"] = _ledger_rows(Path(governed_info["ledger"]))
     finally:
         for proc in reversed(procs):
             proc.stop()
+        if idp is not None:
+            await idp.aclose()
     if profile is not None:
         if profile.exists():
             profiles.append(profile.rename(work / f"gateway-{len(profiles) + 1}.prof"))
