@@ -353,13 +353,27 @@ class RedisCounters:
         self._raise = Script(_RAISE)
 
     async def admit(self, checks: Sequence[Check], adds: Sequence[Add]) -> tuple[int, list[float]]:
-        from gateway.governance.redis_client import RedisUnavailable, ReplyError
+        return await self._admitted(self._redis.send_prepared(self._prepare(checks, adds)))
 
+    async def admit_planned(self, plan: _Plan) -> tuple[int, list[float]]:
+        """``admit`` of a plan's checks and adds, packed once for all the admissions of its minute."""
+        prepared = plan.prepared
+        if prepared is None:
+            prepared = plan.prepared = self._prepare(plan.checks, plan.adds)
+        return await self._admitted(self._redis.send_prepared(prepared))
+
+    def _prepare(self, checks: Sequence[Check], adds: Sequence[Add]) -> Any:
         prefix = self._prefix
         keys = [prefix + k for k, _ in checks] + [prefix + k for k, _, _ in adds]
         args = [len(checks), *(limit for _, limit in checks), *(a for _, a, _ in adds), *(t for _, _, t in adds)]
+        return self._redis.prepare(self._admit, keys, args)
+
+    @staticmethod
+    async def _admitted(sent: Awaitable[Any]) -> tuple[int, list[float]]:
+        from gateway.governance.redis_client import RedisUnavailable, ReplyError
+
         try:
-            failed, values = await self._redis.evalsha(self._admit, keys, args)
+            failed, values = await sent
         except (RedisUnavailable, ReplyError) as exc:
             raise CountersError(str(exc)) from exc
         return int(failed), [float(v) for v in values]
@@ -438,6 +452,54 @@ class Lease:
         self._limiter.settle(self, *pending)
 
 
+class _Plan:
+    """``Limiter._plan`` of a set of rules without a budget in one minute, kept for the minute: the counters an
+    admission checks and adds are the same for every request of a key in a minute, and so are the rate-limit headers'
+    limits and resets (only ``remaining`` changes). ``limits``: the rules' settings it was made from (compared by
+    identity: a reloaded config makes new ones, and a new plan)."""
+
+    __slots__ = ("adds", "checks", "headers", "limits", "minute", "prepared", "usage", "what")
+
+    def __init__(self, rules: Sequence[Rule], minute: int, planned: _Planned) -> None:
+        self.limits = tuple(limits for _, limits in rules)
+        self.minute = minute
+        self.checks, self.what, self.adds, self.usage = planned
+        self.prepared: Any = None  # its admission packed for Redis (RedisCounters.admit_planned), once asked
+        # per header kind: its names and, for each of its checks, (index, limit, the limit's and the reset's text)
+        self.headers: list[tuple[str, str, str, bool, list[tuple[int, float, str, str]]]] = []
+        for kind, name in (("requests_per_minute", "requests"), ("tokens_per_minute", "tokens")):
+            mine = [
+                (i, limit, f"{limit:g}", _iso(ends))
+                for i, ((_, limit), (k, _, ends)) in enumerate(zip(self.checks, self.what, strict=True))
+                if k == kind
+            ]
+            if mine:
+                prefix = f"anthropic-ratelimit-{name}-"
+                self.headers.append((prefix + "limit", prefix + "remaining", prefix + "reset", kind == _RPM, mine))
+
+    def headers_for(self, values: Sequence[float], counted: bool) -> dict[str, str]:
+        """``Limiter._headers`` of this plan's checks and their ``values``."""
+        headers: dict[str, str] = {}
+        for limit_name, remaining_name, reset_name, requests, mine in self.headers:
+            best: tuple[float, str, str] | None = None
+            for i, limit, limit_text, reset_text in mine:
+                remaining = limit - values[i] - (1 if counted and requests else 0)
+                if remaining < 0.0:
+                    remaining = 0.0
+                if best is None or remaining < best[0]:
+                    best = (remaining, limit_text, reset_text)
+            assert best is not None
+            headers[limit_name] = best[1]
+            headers[remaining_name] = str(int(best[0]))
+            headers[reset_name] = best[2]
+        return headers
+
+
+_RPM = "requests_per_minute"
+_Planned = tuple[list[Check], list[tuple[str, str, float]], list[Add], list[Usage]]
+_MAX_PLANS = 1024  # plans kept (then all forgotten at once: they are made again as needed)
+
+
 class Limiter:
     """Admission and accounting over ``counters`` (this process's, or Redis for many). ``clock``: wall time in
     seconds (injected in tests); ``on_refusal(limit, scope kind)`` and ``on_store_error()`` count."""
@@ -468,6 +530,7 @@ class Limiter:
         # refusals by (scope, limit kind) since the limiter was made: this process's own (a worker's, not shared)
         self.refusals: collections.Counter[tuple[str, str]] = collections.Counter()
         self.started_at = clock()
+        self._plans: dict[tuple[str, ...], _Plan] = {}  # by the rules' scopes: this minute's plan (_Plan)
 
     @staticmethod
     def rules(settings: Settings, key: ClientKey | None) -> list[Rule]:
@@ -505,6 +568,25 @@ class Limiter:
             self.counters.raise_now(values, now)
         elif isinstance(self.counters, RedisCounters) and values:
             await self.counters.raise_to(values)
+
+    def _cached_plan(self, rules: Sequence[Rule], now: float) -> _Plan | None:
+        """This minute's plan of ``rules`` (made once a minute per key), or None for rules with a budget (whose
+        windows are not minutes: planned at each admission)."""
+        minute = int(now // 60)
+        scopes = tuple(scope for scope, _ in rules)
+        plan = self._plans.get(scopes)
+        if (
+            plan is not None
+            and plan.minute == minute
+            and all(a is b for a, b in zip(plan.limits, (limits for _, limits in rules), strict=True))
+        ):
+            return plan
+        if any(limits.budget is not None for _, limits in rules):
+            return None
+        if len(self._plans) >= _MAX_PLANS:
+            self._plans.clear()
+        plan = self._plans[scopes] = _Plan(rules, minute, self._plan(rules, now))
+        return plan
 
     def _plan(
         self, rules: Sequence[Rule], now: float
@@ -556,23 +638,28 @@ class Limiter:
         if seeding is not None and not seeding.done() and any(limits.budget for _, limits in rules):
             await _wait(seeding)  # a budget is checked against the ledger's spend, once read
         now = self._clock()
-        checks, what, adds, usage = self._plan(rules, now)
-        if spent:
-            _plan_spend(spent, now, checks, what, usage, self._period_s)
-            rules_all: Sequence[Rule] = [*rules, *spent]
+        plan = None if spent else self._cached_plan(rules, now)
+        if plan is not None:
+            checks, what, adds, usage = plan.checks, plan.what, plan.adds, plan.usage
+            rules_all: Sequence[Rule] = rules
         else:
-            rules_all = rules
-        try:
-            if isinstance(self.counters, MemoryCounters):  # on the limiter's clock, as its counts and settlements
-                failed, values = self.counters.admit_now(checks, adds, now)
+            checks, what, adds, usage = self._plan(rules, now)
+            if spent:
+                _plan_spend(spent, now, checks, what, usage, self._period_s)
+                rules_all = [*rules, *spent]
             else:
-                failed, values = await self.counters.admit(checks, adds)
+                rules_all = rules
+        try:
+            failed, values = await self._counted(plan, checks, adds, now)
         except CountersError as exc:
             self._store_error(exc)
             if self._policy == "deny":
                 raise _store_down(key, rules_all) from exc
             return Lease(self, []), {}  # allowed, uncounted
-        headers = self._headers(checks, what, values, counted=failed < 0)
+        if plan is not None:
+            headers = plan.headers_for(values, failed < 0)
+        else:
+            headers = self._headers(checks, what, values, counted=failed < 0)
         if failed >= 0:
             refusal = self._refusal(checks[failed][1], values[failed], what[failed], now, headers)
             if isinstance(refusal, BudgetExceeded):
@@ -581,6 +668,17 @@ class Limiter:
         if key is not None and key.session:
             headers.update(overage.allowed_headers(_caps(rules_all, checks, what, values)))
         return Lease(self, rules, usage), headers
+
+    async def _counted(
+        self, plan: _Plan | None, checks: list[Check], adds: list[Add], now: float
+    ) -> tuple[int, list[float]]:
+        """The admission's check-and-add in the counters: the first check that failed (-1: none) and the values."""
+        counters = self.counters
+        if isinstance(counters, MemoryCounters):  # on the limiter's clock, as its counts and settlements
+            return counters.admit_now(checks, adds, now)
+        if plan is not None and isinstance(counters, RedisCounters):
+            return await counters.admit_planned(plan)
+        return await counters.admit(checks, adds)
 
     @staticmethod
     def _budget_refused(refusal: BudgetExceeded, key: ClientKey | None, caps: list[overage.Cap], now: float) -> None:

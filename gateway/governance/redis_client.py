@@ -87,6 +87,8 @@ class Script:
 # send instead when the server answers NOSCRIPT (EVAL with the script's text in place of EVALSHA: packed only then,
 # not for every call); for the set-up's INFO, _CLUSTER_CHECK.
 _Pending = tuple["asyncio.Future[Any] | None", float, tuple[Any, ...] | None]
+# A packed EVALSHA and the EVAL to send in its place after NOSCRIPT (RedisClient.prepare).
+Prepared = tuple[bytes, tuple[Any, ...]]
 
 _CLUSTER_CHECK = (b"INFO", b"cluster")  # works on every Redis and Valkey (CLUSTER INFO fails where cluster is off)
 
@@ -173,8 +175,17 @@ class RedisClient:
         return self._send(_pack(args), None)
 
     def evalsha(self, script: Script, keys: list[Any], args: list[Any]) -> asyncio.Future[Any]:
+        return self._send(*self.prepare(script, keys, args))
+
+    @staticmethod
+    def prepare(script: Script, keys: list[Any], args: list[Any]) -> Prepared:
+        """An ``EVALSHA`` packed once, to be sent many times (``send_prepared``): a call the same every time (the
+        limiter's admission of a key within a minute) costs no packing."""
         tail = (len(keys), *keys, *args)
-        return self._send(_pack((b"EVALSHA", script.sha, *tail)), (b"EVAL", script.text, *tail))
+        return _pack((b"EVALSHA", script.sha, *tail)), (b"EVAL", script.text, *tail)
+
+    def send_prepared(self, prepared: Prepared) -> asyncio.Future[Any]:
+        return self._send(*prepared)
 
     def _send(self, packed: bytes, fallback: tuple[Any, ...] | None) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()

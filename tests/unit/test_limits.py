@@ -443,3 +443,64 @@ def test_a_billing_error_shows_the_precision_a_small_budget_needs() -> None:
     with pytest.raises(BudgetExceeded) as info:
         admit(limiter, settings, keys["a"])
     assert "has spent $0.0016 of its $0.0015 budget" in info.value.message
+
+
+def test_a_keys_plan_is_made_once_a_minute_and_again_when_the_config_is_reloaded() -> None:
+    """The counters and header texts of a key's admission are planned once a minute (``_Plan``), and made again
+    for a new minute or for limits a reload replaced — never an old minute's counters, never an old limit."""
+    yaml = "auth: {keys: [{name: a, key: k, team: t, limits: {requests_per_minute: %d}}]}\n"
+    yaml += "teams: {t: {limits: {tokens_per_minute: 1000, max_inflight: 50}}}\n"
+    settings, keys, limiter, clock = setup(yaml % 5)
+    admit(limiter, settings, keys["a"])
+    (plan,) = limiter._plans.values()
+    _, headers = admit(limiter, settings, keys["a"])
+    assert list(limiter._plans.values()) == [plan]  # the same plan, the counts moving on
+    assert headers["anthropic-ratelimit-requests-remaining"] == "3"
+    assert headers["anthropic-ratelimit-tokens-limit"] == "1000"
+    clock.now += 30  # the next minute: its own counters
+    _, headers = admit(limiter, settings, keys["a"])
+    (later,) = limiter._plans.values()
+    assert later is not plan and later.minute == plan.minute + 1
+    assert headers["anthropic-ratelimit-requests-remaining"] == "4"
+    assert headers["anthropic-ratelimit-requests-reset"] == "2026-12-02T10:02:00Z"
+    reloaded = parse_settings(yaml % 2)  # a reload: the key's limit is now 2
+    reloaded_keys = {k.name: k for k in build_keys(reloaded.auth.keys, reloaded.teams)}
+    _, headers = admit(limiter, reloaded, reloaded_keys["a"])
+    assert headers["anthropic-ratelimit-requests-limit"] == "2"
+    assert headers["anthropic-ratelimit-requests-remaining"] == "0"  # two counted in this minute already
+    with pytest.raises(RateLimited, match="2 requests per minute"):
+        admit(limiter, reloaded, reloaded_keys["a"])
+
+
+def test_budgets_are_planned_at_each_admission_not_kept() -> None:
+    settings, keys, limiter, _ = setup(PRICING + "auth: {keys: [{name: a, key: k, limits: {budget: {usd: 5}}}]}")
+    lease, _ = admit(limiter, settings, keys["a"])
+    assert lease is not None and not limiter._plans
+
+
+def test_a_plans_headers_are_the_ones_planned_at_each_admission() -> None:
+    """Differential: for random rules (a key's and a team's, each kind or not) and random counts, the kept plan's
+    headers equal ``Limiter._headers`` of the same checks, counted or refused."""
+    import random
+
+    from gateway.governance.limits import _Plan
+    from gateway.settings import LimitSettings
+
+    rng = random.Random(36)
+    limiter = Limiter(Clock())
+    for _ in range(500):
+        rules = []
+        for scope in rng.sample(["key:1", "team:t"], rng.randint(1, 2)):
+            kinds = {
+                "requests_per_minute": rng.choice([None, rng.randint(1, 1000), rng.random() * 100]),
+                "tokens_per_minute": rng.choice([None, rng.randint(1, 10**7)]),
+                "max_inflight": rng.choice([None, rng.randint(1, 100)]),
+            }
+            rules.append((scope, LimitSettings(**kinds)))
+        now = T0 + rng.random() * 3600
+        planned = limiter._plan(rules, now)
+        checks, what = planned[0], planned[1]
+        values = [rng.choice([0.0, limit, limit + 5, rng.random() * limit * 1.2]) for _, limit in checks]
+        counted = rng.random() < 0.5
+        plan = _Plan(rules, int(now // 60), planned)
+        assert plan.headers_for(values, counted) == Limiter._headers(checks, what, values, counted=counted)

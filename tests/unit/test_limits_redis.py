@@ -376,3 +376,47 @@ def test_in_redis_a_slot_given_back_after_its_counter_expired_leaves_no_negative
         await counters.aclose()
 
     asyncio.run(go())
+
+
+def test_in_redis_a_keys_admission_is_packed_once_a_minute_and_counts_in_each_minutes_own_counter(
+    redis_server: Any,
+) -> None:
+    """The admission's EVALSHA is packed once per key and minute (``_Plan.prepared``) and sent as it is: the
+    counts land in the minute's own counter, a new minute packs a new one, and a reloaded limit is applied at once."""
+    from tests.unit.test_limits import Clock
+
+    yaml = "auth: {keys: [{name: a, key: k, limits: {requests_per_minute: %d}}]}\n"
+    yaml += f'limits: {{redis_url: "{redis_server.url}"}}\n'.replace("%", "%%")
+    settings = parse_settings(yaml % 5)
+    keys = {k.name: k for k in build_keys(settings.auth.keys, settings.teams)}
+    clock = Clock()
+    limiter = Limiter(clock, counters=RedisCounters(redis_server.url, prefix="plan:"))
+
+    async def go() -> None:
+        from gateway.governance.redis_client import RedisClient
+
+        await limiter.admit(settings, keys["a"])
+        (plan,) = limiter._plans.values()
+        prepared = plan.prepared
+        assert prepared is not None
+        _, headers = await limiter.admit(settings, keys["a"])
+        assert plan.prepared is prepared and headers["anthropic-ratelimit-requests-remaining"] == "3"
+        raw = RedisClient(redis_server.url)
+        minute = int(clock.now // 60)
+        key_id = keys["a"].id
+        assert await raw.call("GET", f"plan:key:{key_id}|requests|{minute}") == b"2"
+        clock.now += 30  # the next minute
+        _, headers = await limiter.admit(settings, keys["a"])
+        (later,) = limiter._plans.values()
+        assert later is not plan and later.prepared is not prepared
+        assert headers["anthropic-ratelimit-requests-remaining"] == "4"
+        assert await raw.call("GET", f"plan:key:{key_id}|requests|{minute + 1}") == b"1"
+        reloaded = parse_settings(yaml % 1)
+        reloaded_keys = {k.name: k for k in build_keys(reloaded.auth.keys, reloaded.teams)}
+        with pytest.raises(RateLimited, match="1 requests per minute"):
+            await limiter.admit(reloaded, reloaded_keys["a"])
+        await raw.aclose()
+        await limiter.aclose()
+        await limiter.counters.aclose()
+
+    asyncio.run(go())
