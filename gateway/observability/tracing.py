@@ -281,11 +281,14 @@ class Tracer:
     def flush(self) -> None:
         """Build the spans and metrics of the requests set aside (the exporter calls this before it exports)."""
         pending, self._pending = self._pending, []
+        spans: list[bytes] = []
         for f, trace, end_ns in pending:
-            self._record(f, trace, end_ns)
+            self._record(f, trace, end_ns, spans)
+        if spans:
+            self.exporter.submit(spans)  # the batch's spans in one hand-over
 
-    def _record(self, f: Finished, trace: RequestTrace, end_ns: int) -> None:
-        """A request's spans (when sampled) and GenAI metrics, handed to the exporter."""
+    def _record(self, f: Finished, trace: RequestTrace, end_ns: int, spans: list[bytes]) -> None:
+        """A request's GenAI metrics, and its spans (when sampled) added to ``spans``."""
         completed = f.outcome == "completed"
         error_type = "" if completed else (trace.error_type or f.outcome)
         attempts = trace.attempts
@@ -297,11 +300,10 @@ class Tracer:
         if not (self.traces and trace.sampled):
             return
         answer = _answer(f) if completed or f.attempts else b""  # shared by the SERVER and the serving CLIENT span
-        spans = [self._server_span(f, trace, end_ns, operation, provider, error_type, answer)]
+        spans.append(self._server_span(f, trace, end_ns, operation, provider, error_type, answer))
         last = len(attempts) - 1
         for n, attempt in enumerate(attempts):
             spans.append(self._client_span(f, trace, attempt, n, n == last, end_ns, operation, error_type, answer))
-        self.exporter.submit(spans)
 
     def _server_span(
         self,
