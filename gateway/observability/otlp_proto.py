@@ -418,19 +418,20 @@ def encode_span_fields(
     flags: int,
     parent_is_remote: bool,
 ) -> bytes:
-    """``encode_span`` of the ``SpanRecord`` these fields make, without making it (the tracer's path: one tuple fewer
-    a span)."""
+    """``encode_span`` of the ``SpanRecord`` these fields would make, without making it (the tracer's path)."""
     fields = (trace_id, span_id, parent_span_id, trace_state, name, kind, start_ns, end_ns, attributes, status_code)
-    fields2 = (status_message, flags, parent_is_remote)
-    body = _c_span(*fields, *fields2) if _c_span is not None else _span(SpanRecord(*fields, *fields2))
-    n = len(body)
-    return b"\x12" + (_V1[n] if n < 0x80 else _varint(n)) + body
+    more = (status_message, flags, parent_is_remote)
+    return _spans_field(_c_span(*fields, *more) if _c_span is not None else _span(SpanRecord(*fields, *more)))
 
 
 def encode_span(span: SpanRecord) -> bytes:
     """One span as the ``ScopeSpans.spans`` field it becomes in ``encode_traces`` (which takes it as it is): a queue
     of these holds no Python object per attribute, and a span is encoded once, when it is made."""
-    body = _c_span(*span) if _c_span is not None else _span(span)
+    return _spans_field(_c_span(*span) if _c_span is not None else _span(span))
+
+
+def _spans_field(body: bytes) -> bytes:
+    """A Span message as field 2 of ``ScopeSpans``: its tag and length, then the message."""
     n = len(body)
     return b"\x12" + (_V1[n] if n < 0x80 else _varint(n)) + body
 

@@ -23,7 +23,7 @@ import os
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from enum import IntEnum
 from types import MappingProxyType, ModuleType
 from typing import Any, NamedTuple
@@ -892,3 +892,18 @@ def test_the_fallback_writes_the_same_requests(
         assert [encode_attributes(attributes) for attributes in dicts] == encoded
         assert encode_traces(resource, "gw", "1", spans + pre_encoded, schema_url) == traces_body
         assert encode_metrics(resource, "gw", "1", metrics, schema_url) == metrics_body
+
+
+@settings(max_examples=100, deadline=None)
+@given(spans=traces(), python=st.booleans())
+def test_a_span_encoded_from_its_fields_is_the_records_span(spans: list[SpanRecord], python: bool) -> None:
+    """``encode_span_fields`` (the tracer's path: no ``SpanRecord`` made) gives ``encode_span``'s bytes, compiled
+    and pure-Python alike, for attributes given as a mapping or already encoded."""
+    from gateway.observability.otlp_proto import encode_span, encode_span_fields
+
+    with pure_python() if python else nullcontext():
+        for record in spans:
+            expected = encode_span(record)
+            assert encode_span_fields(*record) == expected  # type: ignore[arg-type]
+            encoded = record._replace(attributes=encode_attributes(record.attributes))  # type: ignore[arg-type]
+            assert encode_span_fields(*encoded) == expected  # type: ignore[arg-type]
