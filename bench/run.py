@@ -262,6 +262,12 @@ async def wait_ready(proc: Proc, port: int, path: str, limit_s: float, headers: 
     raise RuntimeError(f"{proc.name} not ready on port {port} after {limit_s:.0f} s ({last}):\n{proc.log_tail()}")
 
 
+def _redis_proc(name: str, port: int, work: Path, cpu: int | None) -> Proc:
+    """A ``redis-server`` without persistence on ``port``, pinned to ``cpu`` (the load core)."""
+    argv = ["redis-server", "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"]
+    return Proc(name, argv, work / f"{name}.log", cpu=cpu, env=child_env())
+
+
 async def _wait_tcp(proc: Proc, port: int, limit_s: float) -> None:
     """Until ``port`` takes a connection (a server that speaks no HTTP: redis-server)."""
     deadline = time.monotonic() + limit_s
@@ -1394,13 +1400,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if limits == "redis":
         redis_port = _free_port()
         limits = f"redis://{HOST}:{redis_port}/0"
-        redis = Proc(
-            "redis",
-            ["redis-server", "--port", str(redis_port), "--bind", HOST, "--save", "", "--appendonly", "no"],
-            work / "redis.log",
-            cpu=load_cpu,
-            env=child_env(),
-        )
+        redis = _redis_proc("redis", redis_port, work, load_cpu)
     config = work / "gateway.yaml"
     store = args.store
     if store == "sqlite":
@@ -1485,6 +1485,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         tracing["idle_rss_mb"] = _mb(traced.rss().rss_kb)
         print(f"[bench] otlp sink :{sink_port} (pid {sink.pid}), gateway with tracing :{tr_port} (pid {traced.pid})")
 
+    async def start_redis(proc: Proc, port: int) -> None:
+        """A redis-server of the run's own, on the load core: counted there as ours, stopped with the rest."""
+        procs.append(proc)
+        proc.start()
+        await _wait_tcp(proc, port, 30.0)
+        system.load_extra.append(proc)
+
     # The governed gateway (issue 36): in every run that has burst-c10 or json-c10, unless --no-governed
     governed: Proc | None = None
     gv_port = _free_port()
@@ -1505,17 +1512,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             governed_info["error"] = "no redis-server on this machine"
             return
         gv_redis_port = _free_port()
-        gv_redis = Proc(
-            "governed-redis",
-            ["redis-server", "--port", str(gv_redis_port), "--bind", HOST, "--save", "", "--appendonly", "no"],
-            work / "governed-redis.log",
-            cpu=load_cpu,
-            env=child_env(),
-        )
-        procs.append(gv_redis)
-        gv_redis.start()
-        await _wait_tcp(gv_redis, gv_redis_port, 30.0)
-        system.load_extra.append(gv_redis)
+        await start_redis(_redis_proc("governed-redis", gv_redis_port, work, load_cpu), gv_redis_port)
         idp = IdentityProvider(HOST)
         await idp.start()
         ledger = work / "governed-ledger.db"
@@ -1545,10 +1542,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     try:
         if redis is not None:
-            procs.append(redis)
-            redis.start()
-            await _wait_tcp(redis, redis_port, 30.0)
-            system.load_extra.append(redis)
+            await start_redis(redis, redis_port)
             print(f"[bench] redis-server :{redis_port} (pid {redis.pid}) on the load core")
         upstream.start()
         await wait_ready(upstream, up_port, "/healthz", 30.0)

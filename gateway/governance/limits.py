@@ -465,34 +465,47 @@ class _Plan:
         self.minute = minute
         self.checks, self.what, self.adds, self.usage = planned
         self.prepared: Any = None  # its admission packed for Redis (RedisCounters.admit_planned), once asked
-        # per header kind: its names and, for each of its checks, (index, limit, the limit's and the reset's text)
-        self.headers: list[tuple[str, str, str, bool, list[tuple[int, float, str, str]]]] = []
-        for kind, name in (("requests_per_minute", "requests"), ("tokens_per_minute", "tokens")):
-            mine = [
-                (i, limit, f"{limit:g}", _iso(ends))
-                for i, ((_, limit), (k, _, ends)) in enumerate(zip(self.checks, self.what, strict=True))
-                if k == kind
-            ]
-            if mine:
-                prefix = f"anthropic-ratelimit-{name}-"
-                self.headers.append((prefix + "limit", prefix + "remaining", prefix + "reset", kind == _RPM, mine))
+        self.headers = _header_table(self.checks, self.what)
 
-    def headers_for(self, values: Sequence[float], counted: bool) -> dict[str, str]:
-        """``Limiter._headers`` of this plan's checks and their ``values``."""
-        headers: dict[str, str] = {}
-        for limit_name, remaining_name, reset_name, requests, mine in self.headers:
-            best: tuple[float, str, str] | None = None
-            for i, limit, limit_text, reset_text in mine:
-                remaining = limit - values[i] - (1 if counted and requests else 0)
-                if remaining < 0.0:
-                    remaining = 0.0
-                if best is None or remaining < best[0]:
-                    best = (remaining, limit_text, reset_text)
-            assert best is not None
-            headers[limit_name] = best[1]
-            headers[remaining_name] = str(int(best[0]))
-            headers[reset_name] = best[2]
-        return headers
+
+# Per header kind (requests, tokens): its three header names, whether this request counts in it, and for each of its
+# checks (index, limit, the limit's text, the reset's text).
+_HeaderTable = list[tuple[str, str, str, bool, list[tuple[int, float, str, str]]]]
+
+
+def _header_table(checks: Sequence[Check], what: Sequence[tuple[str, str, float]]) -> _HeaderTable:
+    """What the API's rate-limit headers of an admission are made from, all but the counts (a ``_Plan`` keeps it a
+    minute)."""
+    table: _HeaderTable = []
+    for kind, name in ((_RPM, "requests"), ("tokens_per_minute", "tokens")):
+        mine = [
+            (i, limit, f"{limit:g}", _iso(ends))
+            for i, ((_, limit), (k, _, ends)) in enumerate(zip(checks, what, strict=True))
+            if k == kind
+        ]
+        if mine:
+            prefix = f"anthropic-ratelimit-{name}-"
+            table.append((prefix + "limit", prefix + "remaining", prefix + "reset", kind == _RPM, mine))
+    return table
+
+
+def _rate_headers(table: _HeaderTable, values: Sequence[float], *, counted: bool) -> dict[str, str]:
+    """The API's rate-limit headers, for the most restrictive rule of each kind (after this request, when
+    ``counted``)."""
+    headers: dict[str, str] = {}
+    for limit_name, remaining_name, reset_name, requests, mine in table:
+        best: tuple[float, str, str] | None = None
+        for i, limit, limit_text, reset_text in mine:
+            remaining = limit - values[i] - (1 if counted and requests else 0)
+            if remaining < 0.0:
+                remaining = 0.0
+            if best is None or remaining < best[0]:
+                best = (remaining, limit_text, reset_text)
+        assert best is not None  # (a kind is in the table only with a check)
+        headers[limit_name] = best[1]
+        headers[remaining_name] = str(int(best[0]))
+        headers[reset_name] = best[2]
+    return headers
 
 
 _RPM = "requests_per_minute"
@@ -656,10 +669,8 @@ class Limiter:
             if self._policy == "deny":
                 raise _store_down(key, rules_all) from exc
             return Lease(self, []), {}  # allowed, uncounted
-        if plan is not None:
-            headers = plan.headers_for(values, failed < 0)
-        else:
-            headers = self._headers(checks, what, values, counted=failed < 0)
+        table = plan.headers if plan is not None else _header_table(checks, what)
+        headers = _rate_headers(table, values, counted=failed < 0)
         if failed >= 0:
             refusal = self._refusal(checks[failed][1], values[failed], what[failed], now, headers)
             if isinstance(refusal, BudgetExceeded):
@@ -754,27 +765,6 @@ class Limiter:
             except CountersError as exc:
                 self._store_error(exc)
         return [(value, ends) for value, (_, ends) in zip(values, windows, strict=True)]
-
-    @staticmethod
-    def _headers(
-        checks: list[Check], what: list[tuple[str, str, float]], values: list[float], *, counted: bool
-    ) -> dict[str, str]:
-        """The API's rate-limit headers, for the most restrictive rule of each kind (after this request)."""
-        headers: dict[str, str] = {}
-        for kind, name in (("requests_per_minute", "requests"), ("tokens_per_minute", "tokens")):
-            best: tuple[float, float, float] | None = None
-            for (_, limit), (k, _, ends), value in zip(checks, what, values, strict=True):
-                if k != kind:
-                    continue
-                used = value + (1 if counted and kind == "requests_per_minute" else 0)
-                remaining = max(0.0, limit - used)
-                if best is None or remaining < best[0]:
-                    best = (remaining, limit, ends)
-            if best is not None:
-                headers[f"anthropic-ratelimit-{name}-limit"] = f"{best[1]:g}"
-                headers[f"anthropic-ratelimit-{name}-remaining"] = str(int(best[0]))
-                headers[f"anthropic-ratelimit-{name}-reset"] = _iso(best[2])
-        return headers
 
     def count(self, lease: Lease, tokens: int, cost: float) -> None:
         """More tokens and cost for a running request, in its admission's windows: counted now in this process's

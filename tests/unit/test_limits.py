@@ -478,29 +478,25 @@ def test_budgets_are_planned_at_each_admission_not_kept() -> None:
     assert lease is not None and not limiter._plans
 
 
-def test_a_plans_headers_are_the_ones_planned_at_each_admission() -> None:
-    """Differential: for random rules (a key's and a team's, each kind or not) and random counts, the kept plan's
-    headers equal ``Limiter._headers`` of the same checks, counted or refused."""
-    import random
-
-    from gateway.governance.limits import _Plan
-    from gateway.settings import LimitSettings
-
-    rng = random.Random(36)
-    limiter = Limiter(Clock())
-    for _ in range(500):
-        rules = []
-        for scope in rng.sample(["key:1", "team:t"], rng.randint(1, 2)):
-            kinds = {
-                "requests_per_minute": rng.choice([None, rng.randint(1, 1000), rng.random() * 100]),
-                "tokens_per_minute": rng.choice([None, rng.randint(1, 10**7)]),
-                "max_inflight": rng.choice([None, rng.randint(1, 100)]),
-            }
-            rules.append((scope, LimitSettings(**kinds)))
-        now = T0 + rng.random() * 3600
-        planned = limiter._plan(rules, now)
-        checks, what = planned[0], planned[1]
-        values = [rng.choice([0.0, limit, limit + 5, rng.random() * limit * 1.2]) for _, limit in checks]
-        counted = rng.random() < 0.5
-        plan = _Plan(rules, int(now // 60), planned)
-        assert plan.headers_for(values, counted) == Limiter._headers(checks, what, values, counted=counted)
+@pytest.mark.parametrize("budget", [False, True], ids=["planned-a-minute", "planned-each-admission"])
+def test_the_headers_name_the_most_restrictive_rule_of_each_kind(budget: bool) -> None:
+    """A key's own limits and its team's: each header kind tells the rule with the least left (after this request
+    for requests, before it for tokens) — kept in a minute's plan, or planned at each admission under a budget."""
+    own = "{requests_per_minute: 10, tokens_per_minute: 500}"
+    team = "{requests_per_minute: 3, tokens_per_minute: 1000" + (", budget: {usd: 100}" if budget else "") + "}"
+    yaml = PRICING + f"auth: {{keys: [{{name: a, key: k, team: t, limits: {own}}}]}}\nteams: {{t: {{limits: {team}}}}}"
+    settings, keys, limiter, _ = setup(yaml)
+    lease, headers = admit(limiter, settings, keys["a"])
+    assert lease is not None and bool(limiter._plans) is not budget
+    lease.settle(400, None)
+    _, headers = admit(limiter, settings, keys["a"])
+    assert headers["anthropic-ratelimit-requests-limit"] == "3"  # the team's: 1 left after this one
+    assert headers["anthropic-ratelimit-requests-remaining"] == "1"
+    assert headers["anthropic-ratelimit-tokens-limit"] == "500"  # the key's own: 100 left, the team's 600
+    assert headers["anthropic-ratelimit-tokens-remaining"] == "100"
+    assert headers["anthropic-ratelimit-requests-reset"] == headers["anthropic-ratelimit-tokens-reset"]
+    assert headers["anthropic-ratelimit-requests-reset"] == "2026-12-02T10:01:00Z"
+    admit(limiter, settings, keys["a"])
+    with pytest.raises(RateLimited) as info:  # none left: the refusal's headers say 0, never below
+        admit(limiter, settings, keys["a"])
+    assert info.value.headers["anthropic-ratelimit-requests-remaining"] == "0"
