@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import procstat
+from bench.governed import IdentityProvider, governed_yaml
 from bench.loadgen import Load, PhaseResult, Target, run_phase
 
 __all__ = ["SCENARIOS", "Scenario", "main"]
@@ -260,6 +261,40 @@ async def wait_ready(proc: Proc, port: int, path: str, limit_s: float, headers: 
             last = exc
         await asyncio.sleep(0.1)
     raise RuntimeError(f"{proc.name} not ready on port {port} after {limit_s:.0f} s ({last}):\n{proc.log_tail()}")
+
+
+def _redis_proc(name: str, port: int, work: Path, cpu: int | None) -> Proc:
+    """A ``redis-server`` without persistence on ``port``, pinned to ``cpu`` (the load core)."""
+    argv = ["redis-server", "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"]
+    return Proc(name, argv, work / f"{name}.log", cpu=cpu, env=child_env())
+
+
+async def _wait_tcp(proc: Proc, port: int, limit_s: float) -> None:
+    """Until ``port`` takes a connection (a server that speaks no HTTP: redis-server)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited with {proc.popen and proc.popen.returncode}:\n{proc.log_tail()}")
+        try:
+            _, writer = await asyncio.open_connection(HOST, port)
+        except OSError:
+            await asyncio.sleep(0.05)
+            continue
+        writer.close()
+        return
+    raise RuntimeError(f"{proc.name} not listening on port {port} after {limit_s:.0f} s:\n{proc.log_tail()}")
+
+
+def _ledger_rows(path: Path) -> int | None:
+    """Rows in a SQLite ledger (``requests``: the governed gateway's, after it stopped), or None when it cannot be
+    read."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            return int(db.execute("SELECT count(*) FROM requests").fetchone()[0])
+    except (sqlite3.Error, OSError):
+        return None
 
 
 def _redis_proc(name: str, port: int, work: Path, cpu: int | None) -> Proc:
@@ -1495,7 +1530,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     # The governed gateway (issue 36): in every run that has burst-c10 or json-c10, unless --no-governed
     governed: Proc | None = None
     gv_port = _free_port()
-    idp: Any = None
+    idp: IdentityProvider | None = None
     governed_info: dict[str, Any] = {}
 
     async def start_governed() -> None:
@@ -1505,8 +1540,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     async def start_governance() -> None:
         nonlocal governed, idp
-        from bench.governed import IdentityProvider, governed_yaml
-
         report["governed"] = governed_info
         if shutil.which("redis-server") is None:
             governed_info["error"] = "no redis-server on this machine"
