@@ -297,41 +297,6 @@ def _ledger_rows(path: Path) -> int | None:
         return None
 
 
-def _redis_proc(name: str, port: int, work: Path, cpu: int | None) -> Proc:
-    """A ``redis-server`` without persistence on ``port``, pinned to ``cpu`` (the load core)."""
-    argv = ["redis-server", "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"]
-    return Proc(name, argv, work / f"{name}.log", cpu=cpu, env=child_env())
-
-
-async def _wait_tcp(proc: Proc, port: int, limit_s: float) -> None:
-    """Until ``port`` takes a connection (a server that speaks no HTTP: redis-server)."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise RuntimeError(f"{proc.name} exited with {proc.popen and proc.popen.returncode}:\n{proc.log_tail()}")
-        try:
-            _, writer = await asyncio.open_connection(HOST, port)
-        except OSError:
-            await asyncio.sleep(0.05)
-            continue
-        writer.close()
-        return
-    raise RuntimeError(f"{proc.name} not listening on port {port} after {limit_s:.0f} s:\n{proc.log_tail()}")
-
-
-def _ledger_rows(path: Path) -> int | None:
-    """Rows in a SQLite ledger (the governed gateway's, after it stopped), or None when it cannot be read."""
-    import sqlite3
-
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-            tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-            usage = [t for t in tables if "usage" in t or "ledger" in t or "request" in t]
-            return int(db.execute(f'SELECT count(*) FROM "{usage[0]}"').fetchone()[0]) if usage else None
-    except (sqlite3.Error, OSError):
-        return None
-
-
 def _limits_yaml(limits: str) -> str:
     if limits == "off":
         return ""

@@ -23,6 +23,7 @@
 
 typedef struct {
     PyObject *struct_error; /* struct.error: what struct.pack raises for a time that is not a uint64 */
+    PyObject *names[64];    /* request_spans: the attribute names it reads, interned (NAMES) */
 } ModuleState;
 
 static ModuleState *module_state(PyObject *module) { return (ModuleState *)PyModule_GetState(module); }
@@ -660,11 +661,577 @@ done:
     return result;
 }
 
+/* --- a request's spans --------------------------------------------------------------------------------- */
+
+/* What ``request_spans`` reads of a Finished, a RequestTrace and an AttemptSpan, by name (interned once) */
+enum {
+    N_METHOD, N_PATH, N_STATUS, N_OUTCOME, N_ATTEMPTS, N_ALIAS, N_PROVIDER, N_MODEL, N_KEY_NAME, N_TEAM, N_USER,
+    N_PANIC, N_LIMIT, N_DROPPED, N_REQUEST_ID, N_TTFT, N_COST_USD, N_UPSTREAM_REQUEST_ID, N_AGENT_ID, N_STREAM,
+    N_SESSION_ID, N_RESPONSE_ID, N_RESPONSE_MODEL, N_FINISH_REASON, N_USAGE, N_UPSTREAM_WAIT,
+    N_INPUT_TOKENS, N_OUTPUT_TOKENS, N_CACHE_READ, N_CACHE_CREATION,
+    N_TRACE_ID, N_SPAN_ID, N_PARENT_ID, N_TRACE_STATE, N_FLAGS, N_START_NS, N_ROUTE, N_REQUEST_MODEL, N_PARAMS,
+    N_ATTEMPTS_LIST, N_END_NS, N_ERROR_TYPE, N_PROVIDER_KIND, N_URL,
+    N_COUNT
+};
+_Static_assert(N_COUNT <= 64, "ModuleState.names holds 64");
+static const char *const NAMES[N_COUNT] = {
+    "method", "path", "status", "outcome", "attempts", "alias", "provider", "model", "key_name", "team", "user",
+    "panic", "limit", "dropped", "request_id", "ttft", "cost_usd", "upstream_request_id", "agent_id", "stream",
+    "session_id", "response_id", "response_model", "finish_reason", "usage", "upstream_wait",
+    "input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+    "trace_id", "span_id", "parent_id", "trace_state", "flags", "start_ns", "route", "request_model", "params",
+    "attempts", "end_ns", "error_type", "provider_kind", "url",
+};
+
+/* A growing buffer: on the stack, then PyMem */
+typedef struct {
+    char *data;
+    Py_ssize_t size, capacity;
+    char stack[2048];
+} Buffer;
+
+static void buffer_init(Buffer *b)
+{
+    b->data = b->stack;
+    b->size = 0;
+    b->capacity = (Py_ssize_t)sizeof b->stack;
+}
+
+static void buffer_release(Buffer *b)
+{
+    if (b->data != b->stack)
+        PyMem_Free(b->data);
+    buffer_init(b);
+}
+
+/* Room for ``more`` bytes past the end; -1 with an error */
+static int buffer_reserve(Buffer *b, Py_ssize_t more)
+{
+    if (more > SIZE_LIMIT || b->size > SIZE_LIMIT - more)
+        return too_large();
+    if (b->size + more <= b->capacity)
+        return 0;
+    Py_ssize_t capacity = b->capacity * 2 > b->size + more ? b->capacity * 2 : b->size + more;
+    char *data = b->data == b->stack ? PyMem_Malloc((size_t)capacity) : PyMem_Realloc(b->data, (size_t)capacity);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (b->data == b->stack)
+        memcpy(data, b->stack, (size_t)b->size);
+    b->data = data;
+    b->capacity = capacity;
+    return 0;
+}
+
+/* One attribute (Span.attributes, 9): KeyValue{key (1), value (2): the measured AnyValue} */
+static int put_measured(Buffer *b, const char *key, const Value *value)
+{
+    const Py_ssize_t key_length = (Py_ssize_t)strlen(key);
+    Py_ssize_t value_size = field_size(value->size);
+    if (value_size < 0)
+        return -1;
+    const Py_ssize_t size = 1 + varint_size((uint64_t)key_length) + key_length + value_size;
+    if (buffer_reserve(b, 1 + varint_size((uint64_t)size) + size) < 0)
+        return -1;
+    char *p = b->data + b->size;
+    *p++ = 0x4a;
+    p = put_varint(p, (uint64_t)size);
+    p = put_field(p, 0x0a, key, key_length);
+    *p++ = 0x12;
+    p = put_varint(p, (uint64_t)value->size);
+    if ((p = put_value(p, value)) == NULL)
+        return -1;
+    b->size = p - b->data;
+    return 0;
+}
+
+/* An attribute of a Python value (``_any_value``'s types and errors) */
+static int put_object(Buffer *b, const char *key, PyObject *object)
+{
+    Value value;
+    if (object == NULL) /* its read failed */
+        return -1;
+    return measure_value(object, &value) < 0 ? -1 : put_measured(b, key, &value);
+}
+
+/* An attribute of an int64 */
+static int put_int(Buffer *b, const char *key, long long n)
+{
+    Value value = {.kind = V_INT, .bits = (uint64_t)n};
+    value.size = 1 + varint_size(value.bits);
+    return put_measured(b, key, &value);
+}
+
+/* The attributes read off the objects: new references, released together */
+typedef struct {
+    PyObject *const *names; /* the module's, interned */
+    PyObject *held[128];
+    int count;
+} Reader;
+
+/* ``value`` (a new reference) kept until the reader is released; -1 (and it released) when there is no room */
+static int hold(Reader *r, PyObject *value)
+{
+    if (r->count == (int)(sizeof r->held / sizeof r->held[0])) {
+        Py_DECREF(value);
+        PyErr_SetString(PyExc_SystemError, "_otlp_c: too many attributes read");
+        return -1;
+    }
+    r->held[r->count++] = value;
+    return 0;
+}
+
+/* ``object.<name>`` (borrowed from the reader); NULL with an error */
+static PyObject *field(Reader *r, PyObject *object, int name)
+{
+    PyObject *value = PyObject_GetAttr(object, r->names[name]);
+    return value == NULL || hold(r, value) < 0 ? NULL : value;
+}
+
+static void reader_release(Reader *r)
+{
+    for (int i = 0; i < r->count; i++)
+        Py_DECREF(r->held[i]);
+    r->count = 0;
+}
+
+/* ``if value:`` (an error: -1) */
+static inline int truthy(PyObject *value) { return value == NULL ? -1 : PyObject_IsTrue(value); }
+
+/* ``attribute`` when ``value`` is true (``if value: attributes[key] = value``) */
+static int put_if(Buffer *b, const char *key, PyObject *value)
+{
+    const int truth = truthy(value);
+    return truth <= 0 ? truth : put_object(b, key, value);
+}
+
+/* ``attribute`` unless ``value`` is None */
+static int put_unless_none(Buffer *b, const char *key, PyObject *value)
+{
+    return value == NULL ? -1 : value == Py_None ? 0 : put_object(b, key, value);
+}
+
+/* An int or None (``or 0``): its value; -1 with an error (ValueError outside int64) */
+static int count_of(PyObject *value, long long *n)
+{
+    if (value == NULL)
+        return -1;
+    if (value == Py_None) {
+        *n = 0;
+        return 0;
+    }
+    uint64_t bits;
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "a token count must be int, not %.100s", Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    if (int64_bits(value, &bits) < 0)
+        return -1;
+    *n = (long long)bits;
+    return 0;
+}
+
+static int sum_of(long long a, long long b, long long c, long long *sum)
+{
+    if (__builtin_add_overflow(a, b, sum) || __builtin_add_overflow(*sum, c, sum)) {
+        PyErr_SetString(PyExc_ValueError, "a token sum is outside int64");
+        return -1;
+    }
+    return 0;
+}
+
+/* ``_request_facts``: what the client asked, the operation, the provider and the conversation */
+static int put_request(Reader *r, Buffer *b, PyObject *f, PyObject *operation, PyObject *model, PyObject *provider,
+                       PyObject *params)
+{
+    if (put_object(b, "gen_ai.operation.name", operation) < 0 || put_object(b, "gen_ai.request.model", model) < 0 ||
+        put_object(b, "gen_ai.request.stream", field(r, f, N_STREAM)) < 0 ||
+        put_if(b, "gen_ai.provider.name", provider) < 0)
+        return -1;
+    if (!PyTuple_Check(params) || PyTuple_GET_SIZE(params) != 5) {
+        PyErr_SetString(PyExc_TypeError, "RequestTrace.params must be a tuple of five");
+        return -1;
+    }
+    static const char *const keys[] = {"gen_ai.request.max_tokens", "gen_ai.request.temperature",
+                                       "gen_ai.request.top_p", "gen_ai.request.top_k"};
+    for (int i = 0; i < 4; i++) {
+        if (put_unless_none(b, keys[i], PyTuple_GET_ITEM(params, i)) < 0)
+            return -1;
+    }
+    if (put_if(b, "gen_ai.request.stop_sequences", PyTuple_GET_ITEM(params, 4)) < 0)
+        return -1;
+    return put_if(b, "gen_ai.conversation.id", field(r, f, N_SESSION_ID));
+}
+
+/* ``_answer``: the answer's id, model, stop reason and usage (input tokens: Anthropic's arithmetic) */
+static int put_answer(Reader *r, Buffer *b, PyObject *f)
+{
+    if (put_if(b, "gen_ai.response.id", field(r, f, N_RESPONSE_ID)) < 0 ||
+        put_if(b, "gen_ai.response.model", field(r, f, N_RESPONSE_MODEL)) < 0)
+        return -1;
+    PyObject *reason = field(r, f, N_FINISH_REASON);
+    const int truth = truthy(reason);
+    if (truth < 0)
+        return -1;
+    if (truth) {
+        PyObject *reasons = PyTuple_Pack(1, reason);
+        if (reasons == NULL)
+            return -1;
+        const int done = put_object(b, "gen_ai.response.finish_reasons", reasons);
+        Py_DECREF(reasons);
+        if (done < 0)
+            return -1;
+    }
+    PyObject *usage = field(r, f, N_USAGE);
+    if (usage == NULL)
+        return -1;
+    PyObject *input = field(r, usage, N_INPUT_TOKENS), *output = field(r, usage, N_OUTPUT_TOKENS);
+    if (input == NULL || output == NULL)
+        return -1;
+    if (input == Py_None && output == Py_None)
+        return 0;
+    long long in, out, cache_read, created, total;
+    if (count_of(input, &in) < 0 || count_of(output, &out) < 0 ||
+        count_of(field(r, usage, N_CACHE_READ), &cache_read) < 0 ||
+        count_of(field(r, usage, N_CACHE_CREATION), &created) < 0 || sum_of(in, cache_read, created, &total) < 0)
+        return -1;
+    return put_int(b, "gen_ai.usage.input_tokens", total) < 0 || put_int(b, "gen_ai.usage.output_tokens", out) < 0 ||
+                   put_int(b, "gen_ai.usage.cache_read.input_tokens", cache_read) < 0 ||
+                   put_int(b, "gen_ai.usage.cache_creation.input_tokens", created) < 0
+               ? -1
+               : 0;
+}
+
+/* A time (an int, 0 for none): its uint64; -1 with an error */
+static int time_of(PyObject *value, uint64_t *t)
+{
+    if (value == NULL)
+        return -1;
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "a time must be int, not %.100s", Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    *t = PyLong_AsUnsignedLongLong(value);
+    return *t == (unsigned long long)-1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* A str's UTF-8 (TypeError for another type) */
+static const char *utf8_of(PyObject *value, Py_ssize_t *length, const char *what)
+{
+    if (value == NULL)
+        return NULL;
+    if (!PyUnicode_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s must be str, not %.100s", what, Py_TYPE(value)->tp_name);
+        return NULL;
+    }
+    return PyUnicode_AsUTF8AndSize(value, length);
+}
+
+static const char *bytes_of(PyObject *value, Py_ssize_t *length, const char *what)
+{
+    if (value == NULL)
+        return NULL;
+    if (!PyBytes_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s must be bytes, not %.100s", what, Py_TYPE(value)->tp_name);
+        return NULL;
+    }
+    *length = PyBytes_GET_SIZE(value);
+    return PyBytes_AS_STRING(value);
+}
+
+/* A span's fields other than its attributes */
+typedef struct {
+    const char *trace_id, *span_id, *parent, *trace_state, *name1, *name2, *message;
+    Py_ssize_t trace_id_length, span_id_length, parent_length, trace_state_length, name1_length, name2_length;
+    Py_ssize_t message_length;
+    uint64_t kind, start, end, code;
+    uint32_t flags;
+} SpanFields;
+
+/* ``encode_span_fields`` of ``s`` and the attributes in ``b``, appended to ``spans``: the ScopeSpans.spans field
+ * (tag and length) around a Span message, its name ``name1 + " " + name2`` */
+static int append_span(PyObject *spans, const SpanFields *s, const Buffer *b)
+{
+    Py_ssize_t status = s->message_length ? 1 + varint_size((uint64_t)s->message_length) + s->message_length : 0;
+    if (s->code)
+        status += 1 + varint_size(s->code);
+    const Py_ssize_t name_length = s->name1_length + 1 + s->name2_length;
+    Py_ssize_t size = 0;
+    const Py_ssize_t lengths[] = {s->trace_id_length, s->span_id_length, s->trace_state_length, s->parent_length,
+                                  name_length};
+    for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) {
+        if (lengths[i])
+            size += 1 + varint_size((uint64_t)lengths[i]) + lengths[i];
+    }
+    size += (s->kind ? 1 + varint_size(s->kind) : 0) + (s->start ? 9 : 0) + (s->end ? 9 : 0);
+    size += b->size + 1 + varint_size((uint64_t)status) + status + 6;
+    if (size > SIZE_LIMIT)
+        return too_large();
+    PyObject *result = PyBytes_FromStringAndSize(NULL, 1 + varint_size((uint64_t)size) + size);
+    if (result == NULL)
+        return -1;
+    char *p = PyBytes_AS_STRING(result);
+    *p++ = 0x12; /* ScopeSpans.spans (2) */
+    p = put_varint(p, (uint64_t)size);
+    if (s->trace_id_length)
+        p = put_field(p, 0x0a, s->trace_id, s->trace_id_length);
+    if (s->span_id_length)
+        p = put_field(p, 0x12, s->span_id, s->span_id_length);
+    if (s->trace_state_length)
+        p = put_field(p, 0x1a, s->trace_state, s->trace_state_length);
+    if (s->parent_length)
+        p = put_field(p, 0x22, s->parent, s->parent_length);
+    *p++ = 0x2a; /* name (5): never empty (a space at least) */
+    p = put_varint(p, (uint64_t)name_length);
+    memcpy(p, s->name1, (size_t)s->name1_length);
+    p += s->name1_length;
+    *p++ = ' ';
+    memcpy(p, s->name2, (size_t)s->name2_length);
+    p += s->name2_length;
+    if (s->kind) {
+        *p++ = 0x30;
+        p = put_varint(p, s->kind);
+    }
+    if (s->start) {
+        *p++ = 0x39;
+        p = put_fixed64(p, s->start);
+    }
+    if (s->end) {
+        *p++ = 0x41;
+        p = put_fixed64(p, s->end);
+    }
+    memcpy(p, b->data, (size_t)b->size);
+    p += b->size;
+    *p++ = 0x7a;
+    p = put_varint(p, (uint64_t)status);
+    if (s->message_length)
+        p = put_field(p, 0x12, s->message, s->message_length);
+    if (s->code) {
+        *p++ = 0x18;
+        p = put_varint(p, s->code);
+    }
+    *p++ = (char)0x85;
+    *p++ = 0x01;
+    p = put_fixed32(p, s->flags);
+    if ((result = finished(result, p)) == NULL)
+        return -1;
+    const int appended = PyList_Append(spans, result);
+    Py_DECREF(result);
+    return appended;
+}
+
+/* The SERVER span (tracing.py's ``_server_span``) */
+static int server_span(Reader *r, Buffer *b, PyObject *f, PyObject *trace, SpanFields *s, PyObject *operation,
+                       PyObject *provider, PyObject *error_type, int answer, PyObject *spans)
+{
+    PyObject *path = field(r, f, N_PATH), *route = field(r, trace, N_ROUTE);
+    const int has_route = truthy(route);
+    if (has_route < 0 || path == NULL)
+        return -1;
+    if (!has_route)
+        route = path;
+    const int failed = truthy(error_type);
+    if (failed < 0 || put_request(r, b, f, operation, field(r, trace, N_REQUEST_MODEL), provider,
+                                  field(r, trace, N_PARAMS)) < 0)
+        return -1;
+    if (answer && put_answer(r, b, f) < 0)
+        return -1;
+    PyObject *method = field(r, f, N_METHOD), *outcome = field(r, f, N_OUTCOME);
+    if (put_object(b, "http.request.method", method) < 0 || put_object(b, "http.route", route) < 0 ||
+        put_object(b, "url.path", path) < 0 || put_if(b, "http.response.status_code", field(r, f, N_STATUS)) < 0 ||
+        (failed && put_object(b, "error.type", error_type) < 0) ||
+        put_object(b, "messages_gateway.outcome", outcome) < 0 ||
+        put_object(b, "messages_gateway.attempts", field(r, f, N_ATTEMPTS)) < 0 ||
+        put_if(b, "messages_gateway.alias", field(r, f, N_ALIAS)) < 0 ||
+        put_if(b, "messages_gateway.provider", field(r, f, N_PROVIDER)) < 0 ||
+        put_if(b, "messages_gateway.upstream_model", field(r, f, N_MODEL)) < 0 ||
+        put_if(b, "messages_gateway.key", field(r, f, N_KEY_NAME)) < 0 ||
+        put_if(b, "messages_gateway.team", field(r, f, N_TEAM)) < 0 ||
+        put_if(b, "enduser.id", field(r, f, N_USER)) < 0)
+        return -1;
+    const int panic = truthy(field(r, f, N_PANIC));
+    if (panic < 0 || (panic && put_object(b, "messages_gateway.panic", Py_True) < 0) ||
+        put_if(b, "messages_gateway.limit", field(r, f, N_LIMIT)) < 0 ||
+        put_if(b, "messages_gateway.dropped", field(r, f, N_DROPPED)) < 0 ||
+        put_object(b, "messages_gateway.request_id", field(r, f, N_REQUEST_ID)) < 0 ||
+        put_unless_none(b, "gen_ai.response.time_to_first_chunk", field(r, f, N_TTFT)) < 0 ||
+        put_unless_none(b, "messages_gateway.cost_usd", field(r, f, N_COST_USD)) < 0 ||
+        put_if(b, "messages_gateway.upstream_request_id", field(r, f, N_UPSTREAM_REQUEST_ID)) < 0 ||
+        put_if(b, "messages_gateway.agent_id", field(r, f, N_AGENT_ID)) < 0)
+        return -1;
+    if ((s->span_id = bytes_of(field(r, trace, N_SPAN_ID), &s->span_id_length, "RequestTrace.span_id")) == NULL ||
+        (s->name1 = utf8_of(method, &s->name1_length, "Finished.method")) == NULL ||
+        (s->name2 = utf8_of(route, &s->name2_length, "http.route")) == NULL ||
+        time_of(field(r, trace, N_START_NS), &s->start) < 0)
+        return -1;
+    s->kind = 2; /* SPAN_KIND_SERVER */
+    s->code = failed ? 2 : 0;
+    s->message_length = 0;
+    if (failed && (s->message = utf8_of(outcome, &s->message_length, "Finished.outcome")) == NULL)
+        return -1;
+    const uint32_t flags = s->flags;
+    if (s->parent_length)
+        s->flags |= 0x200; /* the caller's span: remote */
+    const int appended = append_span(spans, s, b);
+    s->flags = flags;
+    return appended;
+}
+
+/* An attempt's CLIENT span (tracing.py's ``_client_span``) */
+static int client_span(Reader *r, Buffer *b, PyObject *f, PyObject *trace, SpanFields *s, PyObject *attempt,
+                       Py_ssize_t n, int serving, uint64_t end_ns, PyObject *operation, PyObject *request_error,
+                       int answer, PyObject *providers, PyObject *server, PyObject *spans)
+{
+    PyObject *error_type = field(r, attempt, N_ERROR_TYPE);
+    int failed = truthy(error_type);
+    if (failed < 0)
+        return -1;
+    const int answered = !failed && serving;
+    if (answered) {
+        error_type = request_error;
+        if ((failed = truthy(error_type)) < 0)
+            return -1;
+    }
+    PyObject *model = field(r, attempt, N_MODEL), *kind = field(r, attempt, N_PROVIDER_KIND);
+    if (model == NULL || kind == NULL)
+        return -1;
+    PyObject *provider = PyDict_GetItemWithError(providers, kind); /* borrowed */
+    if (provider == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        provider = Py_None;
+    }
+    if (put_request(r, b, f, operation, model, provider, field(r, trace, N_PARAMS)) <
+        0)
+        return -1;
+    PyObject *url = field(r, attempt, N_URL);
+    const int has_url = truthy(url);
+    if (has_url < 0)
+        return -1;
+    if (has_url) {
+        PyObject *where = PyObject_CallOneArg(server, url);
+        if (where == NULL)
+            return -1;
+        if (hold(r, where) < 0)
+            return -1;
+        if (!PyTuple_Check(where) || PyTuple_GET_SIZE(where) != 2) {
+            PyErr_SetString(PyExc_TypeError, "server(url) must return (address, port)");
+            return -1;
+        }
+        if (put_object(b, "server.address", PyTuple_GET_ITEM(where, 0)) < 0 ||
+            put_object(b, "server.port", PyTuple_GET_ITEM(where, 1)) < 0)
+            return -1;
+    }
+    if (put_object(b, "messages_gateway.provider", field(r, attempt, N_PROVIDER)) <
+            0 ||
+        put_int(b, "messages_gateway.attempt", (long long)n + 1) < 0 ||
+        put_if(b, "http.response.status_code", field(r, attempt, N_STATUS)) < 0 ||
+        (failed && put_object(b, "error.type", error_type) < 0))
+        return -1;
+    if (answered && ((answer && put_answer(r, b, f) < 0) ||
+                     put_unless_none(b, "gen_ai.response.time_to_first_chunk", field(r, f, N_UPSTREAM_WAIT)) < 0 ||
+                     put_if(b, "messages_gateway.upstream_request_id", field(r, f, N_UPSTREAM_REQUEST_ID)) < 0))
+        return -1;
+    uint64_t end;
+    if ((s->span_id = bytes_of(field(r, attempt, N_SPAN_ID), &s->span_id_length, "AttemptSpan.span_id")) == NULL ||
+        (s->name1 = utf8_of(operation, &s->name1_length, "the operation")) == NULL ||
+        (s->name2 = utf8_of(model, &s->name2_length, "AttemptSpan.model")) == NULL ||
+        time_of(field(r, attempt, N_START_NS), &s->start) < 0 || time_of(field(r, attempt, N_END_NS), &end) < 0)
+        return -1;
+    s->end = end ? end : end_ns;
+    s->kind = 3; /* SPAN_KIND_CLIENT */
+    s->code = failed ? 2 : 0;
+    s->message_length = 0;
+    if (failed && (s->message = utf8_of(error_type, &s->message_length, "error.type")) == NULL)
+        return -1;
+    return append_span(spans, s, b);
+}
+
+PyDoc_STRVAR(request_spans_doc,
+"request_spans(f, trace, end_ns, operation, provider, error_type, answer, providers, server, spans, /)\n\n"
+"A traced request's SERVER span, then one CLIENT span per attempt, appended to the list ``spans`` as\n"
+"``encode_span_fields`` makes them: what tracing.py's ``_request_spans`` appends (not for a trace that\n"
+"captures content). ``f``: the Finished; ``trace``: its RequestTrace; ``answer``: whether the answer's\n"
+"attributes go in; ``providers``: GEN_AI_PROVIDERS; ``server``: a url's (address, port).");
+
+static PyObject *request_spans(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError, "request_spans() takes exactly 10 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *f = args[0], *trace = args[1], *operation = args[3], *provider = args[4], *error_type = args[5];
+    PyObject *providers = args[7], *server = args[8], *spans = args[9];
+    if (!PyList_Check(spans) || !PyDict_Check(providers)) {
+        PyErr_SetString(PyExc_TypeError, "request_spans(): spans must be a list, providers a dict");
+        return NULL;
+    }
+    const int answer = PyObject_IsTrue(args[6]);
+    if (answer < 0)
+        return NULL;
+    uint64_t end_ns;
+    if (time_of(args[2], &end_ns) < 0)
+        return NULL;
+    Reader r;
+    r.names = module_state(module)->names;
+    r.count = 0;
+    Buffer b;
+    buffer_init(&b);
+    SpanFields s;
+    PyObject *result = NULL;
+    PyObject *flags = field(&r, trace, N_FLAGS);
+    if ((s.trace_id = bytes_of(field(&r, trace, N_TRACE_ID), &s.trace_id_length, "RequestTrace.trace_id")) == NULL ||
+        (s.parent = bytes_of(field(&r, trace, N_PARENT_ID), &s.parent_length, "RequestTrace.parent_id")) == NULL ||
+        (s.trace_state = utf8_of(field(&r, trace, N_TRACE_STATE), &s.trace_state_length, "trace_state")) == NULL ||
+        flags == NULL)
+        goto done;
+    if (!PyLong_Check(flags)) {
+        PyErr_SetString(PyExc_TypeError, "RequestTrace.flags must be int");
+        goto done;
+    }
+    s.flags = (uint32_t)(PyLong_AsUnsignedLongLongMask(flags) & 0xFF) | 0x100;
+    if (PyErr_Occurred())
+        goto done;
+    s.end = end_ns;
+    if (server_span(&r, &b, f, trace, &s, operation, provider, error_type, answer, spans) < 0)
+        goto done;
+    /* the CLIENT spans: their parent is the SERVER span, theirs not remote */
+    const char *server_id = s.span_id;
+    const Py_ssize_t server_id_length = s.span_id_length;
+    PyObject *attempts = field(&r, trace, N_ATTEMPTS_LIST);
+    if (attempts == NULL)
+        goto done;
+    if (!PyList_Check(attempts)) {
+        PyErr_SetString(PyExc_TypeError, "RequestTrace.attempts must be a list");
+        goto done;
+    }
+    const Py_ssize_t count = PyList_GET_SIZE(attempts);
+    for (Py_ssize_t n = 0; n < count; n++) {
+        int mark = r.count;
+        b.size = 0;
+        s.parent = server_id;
+        s.parent_length = server_id_length;
+        if (client_span(&r, &b, f, trace, &s, PyList_GET_ITEM(attempts, n), n, n == count - 1, end_ns, operation,
+                        error_type, answer, providers, server, spans) < 0)
+            goto done;
+        /* this attempt's reads released (the list holds the attempts) */
+        while (r.count > mark)
+            Py_DECREF(r.held[--r.count]);
+    }
+    result = Py_NewRef(Py_None);
+done:
+    reader_release(&r);
+    buffer_release(&b);
+    return result;
+}
+
 /* --- the module ---------------------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
     {"attributes", (PyCFunction)(void (*)(void))attributes, METH_FASTCALL, attributes_doc},
     {"span", (PyCFunction)(void (*)(void))span, METH_FASTCALL, span_doc},
+    {"request_spans", (PyCFunction)(void (*)(void))request_spans, METH_FASTCALL, request_spans_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -673,20 +1240,31 @@ static int exec_module(PyObject *module)
     PyObject *struct_module = PyImport_ImportModule("struct");
     if (struct_module == NULL)
         return -1;
-    module_state(module)->struct_error = PyObject_GetAttrString(struct_module, "error");
+    ModuleState *state = module_state(module);
+    state->struct_error = PyObject_GetAttrString(struct_module, "error");
     Py_DECREF(struct_module);
-    return module_state(module)->struct_error == NULL ? -1 : 0;
+    if (state->struct_error == NULL)
+        return -1;
+    for (int i = 0; i < N_COUNT; i++) {
+        if ((state->names[i] = PyUnicode_InternFromString(NAMES[i])) == NULL)
+            return -1;
+    }
+    return 0;
 }
 
 static int module_traverse(PyObject *module, visitproc visit, void *arg)
 {
     Py_VISIT(module_state(module)->struct_error);
+    for (int i = 0; i < N_COUNT; i++)
+        Py_VISIT(module_state(module)->names[i]);
     return 0;
 }
 
 static int module_clear(PyObject *module)
 {
     Py_CLEAR(module_state(module)->struct_error);
+    for (int i = 0; i < N_COUNT; i++)
+        Py_CLEAR(module_state(module)->names[i]);
     return 0;
 }
 

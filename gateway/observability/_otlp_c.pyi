@@ -1,7 +1,8 @@
 """The OTLP encoder's attributes and spans, compiled (gateway/observability/_otlp_c.c): the same bytes as
-``otlp_proto._attributes`` and ``otlp_proto._span``."""
+``otlp_proto._attributes`` and ``otlp_proto._span``, and a request's spans as ``tracing._request_spans_py``
+makes them."""
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 def attributes(attributes: Mapping[str, object], tag: int, /) -> bytes: ...
 def span(
@@ -20,3 +21,16 @@ def span(
     parent_is_remote: bool,
     /,
 ) -> bytes: ...
+def request_spans(
+    f: object,
+    trace: object,
+    end_ns: int,
+    operation: str,
+    provider: str,
+    error_type: str,
+    answer: bool,
+    providers: dict[str, str],
+    server: Callable[[str], tuple[str, int]],
+    spans: list[bytes],
+    /,
+) -> None: ...

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -297,104 +297,11 @@ class Tracer:
         genai = self.genai
         if genai is not None and f.routed and attempts:
             self._metrics(genai, f, trace, operation, provider, error_type, end_ns)
-        if not (self.traces and trace.sampled):
+        if not (self.traces and trace.flags & _TRACE_FLAG_SAMPLED):
             return
-        answer = _answer(f) if completed or f.attempts else b""  # shared by the SERVER and the serving CLIENT span
-        spans.append(self._server_span(f, trace, end_ns, operation, provider, error_type, answer))
-        last = len(attempts) - 1
-        for n, attempt in enumerate(attempts):
-            spans.append(self._client_span(f, trace, attempt, n, n == last, end_ns, operation, error_type, answer))
-
-    def _server_span(
-        self,
-        f: Finished,
-        trace: RequestTrace,
-        end_ns: int,
-        operation: str,
-        provider: str,
-        error_type: str,
-        answer: bytes,
-    ) -> bytes:
-        """The SERVER span, encoded (``encode_span_fields``: no ``SpanRecord`` made)."""
-        route = trace.route or f.path
-        facts: tuple[Any, ...] = (f.method, route, f.path, f.status, f.outcome, f.attempts, f.alias, f.provider)
-        facts += (f.model, f.key_name, f.team, f.user, f.panic, f.limit, f.dropped, error_type)
-        server = _cached(_SERVER_FACTS, facts, _server_facts)
-        variable: dict[str, Any] = {"messages_gateway.request_id": f.request_id}
-        if f.ttft is not None:
-            variable["gen_ai.response.time_to_first_chunk"] = f.ttft
-        if f.cost_usd is not None:
-            variable["messages_gateway.cost_usd"] = f.cost_usd
-        if f.upstream_request_id:
-            variable["messages_gateway.upstream_request_id"] = f.upstream_request_id
-        if f.agent_id:
-            variable["messages_gateway.agent_id"] = f.agent_id
-        attributes = b"".join(
-            (_request_attributes(f, trace, operation, trace.request_model, provider), answer, server, _encode(variable))
-        )
-        return encode_span_fields(
-            trace.trace_id,
-            trace.span_id,
-            trace.parent_id,
-            trace.trace_state,
-            f"{f.method} {route}",
-            SPAN_KIND_SERVER,
-            trace.start_ns,
-            end_ns,
-            attributes,
-            STATUS_ERROR if error_type else 0,
-            f.outcome if error_type else "",
-            trace.flags,
-            bool(trace.parent_id),
-        )
-
-    def _client_span(
-        self,
-        f: Finished,
-        trace: RequestTrace,
-        attempt: AttemptSpan,
-        n: int,
-        serving: bool,
-        end_ns: int,
-        operation: str,
-        request_error: str,
-        answer: bytes,
-    ) -> bytes:
-        """An attempt's CLIENT span, encoded."""
-        error_type = attempt.error_type
-        answered = not error_type and serving  # the attempt that answered: the answer is its
-        if answered:
-            error_type = request_error  # a stream that broke, or a client that went away, ends it too
-        facts = (attempt.provider, n, attempt.status, error_type, _server(attempt.url) if attempt.url else None)
-        client = _cached(_CLIENT_FACTS, facts, _client_facts)
-        provider = GEN_AI_PROVIDERS.get(attempt.provider_kind, "")
-        parts = [_request_attributes(f, trace, operation, attempt.model, provider), client]
-        if answered:
-            variable: dict[str, Any] = {}
-            if f.upstream_wait is not None:
-                variable["gen_ai.response.time_to_first_chunk"] = f.upstream_wait
-            if f.upstream_request_id:
-                variable["messages_gateway.upstream_request_id"] = f.upstream_request_id
-            if trace.output is not None:  # (capture_content) the answer
-                variable["gen_ai.output.messages"] = trace.output.attribute()
-            parts += (answer, _encode(variable))
-        if trace.inputs:  # (capture_content) what every attempt was sent
-            parts.append(_encode(trace.inputs))
-        return encode_span_fields(
-            trace.trace_id,
-            attempt.span_id,
-            trace.span_id,
-            trace.trace_state,
-            f"{operation} {attempt.model}",
-            SPAN_KIND_CLIENT,
-            attempt.start_ns,
-            attempt.end_ns or end_ns,
-            b"".join(parts),
-            STATUS_ERROR if error_type else 0,
-            error_type,
-            trace.flags,
-            False,
-        )
+        answer = completed or bool(f.attempts)  # the answer's attributes: the SERVER span's and the serving CLIENT's
+        build = _request_spans_py if trace.capture else _request_spans
+        build(f, trace, end_ns, operation, provider, error_type, answer, GEN_AI_PROVIDERS, _server, spans)
 
     def _metrics(
         self,
@@ -440,6 +347,130 @@ class Tracer:
         duration.add(f.duration)
         if f.ttft is not None and not error_type:
             first_token.add(f.ttft)
+
+
+def _request_spans_py(
+    f: Finished,
+    trace: RequestTrace,
+    end_ns: int,
+    operation: str,
+    provider: str,
+    error_type: str,
+    answer: bool,
+    providers: Mapping[str, str],
+    server: Callable[[str], tuple[str, int]],
+    spans: list[bytes],
+) -> None:
+    """A sampled request's SERVER span, then a CLIENT span per attempt, encoded and added to ``spans``: the
+    reference (and the path of a trace that captures content) of ``_otlp_c.request_spans``, which writes the same
+    bytes straight from the record's and the trace's fields (tests/unit/test_tracing_spans.py compares the two)."""
+    answered = _answer(f) if answer else b""  # shared by the SERVER and the serving CLIENT span
+    spans.append(_server_span(f, trace, end_ns, operation, provider, error_type, answered))
+    last = len(trace.attempts) - 1
+    for n, attempt in enumerate(trace.attempts):
+        spans.append(
+            _client_span(f, trace, attempt, n, n == last, end_ns, operation, error_type, answered, providers, server)
+        )
+
+
+def _server_span(
+    f: Finished,
+    trace: RequestTrace,
+    end_ns: int,
+    operation: str,
+    provider: str,
+    error_type: str,
+    answer: bytes,
+) -> bytes:
+    """The SERVER span, encoded (``encode_span_fields``: no ``SpanRecord`` made)."""
+    route = trace.route or f.path
+    facts: tuple[Any, ...] = (f.method, route, f.path, f.status, f.outcome, f.attempts, f.alias, f.provider)
+    facts += (f.model, f.key_name, f.team, f.user, f.panic, f.limit, f.dropped, error_type)
+    server = _cached(_SERVER_FACTS, facts, _server_facts)
+    variable: dict[str, Any] = {"messages_gateway.request_id": f.request_id}
+    if f.ttft is not None:
+        variable["gen_ai.response.time_to_first_chunk"] = f.ttft
+    if f.cost_usd is not None:
+        variable["messages_gateway.cost_usd"] = f.cost_usd
+    if f.upstream_request_id:
+        variable["messages_gateway.upstream_request_id"] = f.upstream_request_id
+    if f.agent_id:
+        variable["messages_gateway.agent_id"] = f.agent_id
+    attributes = b"".join(
+        (_request_attributes(f, trace, operation, trace.request_model, provider), answer, server, _encode(variable))
+    )
+    return encode_span_fields(
+        trace.trace_id,
+        trace.span_id,
+        trace.parent_id,
+        trace.trace_state,
+        f"{f.method} {route}",
+        SPAN_KIND_SERVER,
+        trace.start_ns,
+        end_ns,
+        attributes,
+        STATUS_ERROR if error_type else 0,
+        f.outcome if error_type else "",
+        trace.flags,
+        bool(trace.parent_id),
+    )
+
+
+def _client_span(
+    f: Finished,
+    trace: RequestTrace,
+    attempt: AttemptSpan,
+    n: int,
+    serving: bool,
+    end_ns: int,
+    operation: str,
+    request_error: str,
+    answer: bytes,
+    providers: Mapping[str, str],
+    server: Callable[[str], tuple[str, int]],
+) -> bytes:
+    """An attempt's CLIENT span, encoded."""
+    error_type = attempt.error_type
+    answered = not error_type and serving  # the attempt that answered: the answer is its
+    if answered:
+        error_type = request_error  # a stream that broke, or a client that went away, ends it too
+    facts = (attempt.provider, n, attempt.status, error_type, server(attempt.url) if attempt.url else None)
+    client = _cached(_CLIENT_FACTS, facts, _client_facts)
+    provider = providers.get(attempt.provider_kind, "")
+    parts = [_request_attributes(f, trace, operation, attempt.model, provider), client]
+    if answered:
+        variable: dict[str, Any] = {}
+        if f.upstream_wait is not None:
+            variable["gen_ai.response.time_to_first_chunk"] = f.upstream_wait
+        if f.upstream_request_id:
+            variable["messages_gateway.upstream_request_id"] = f.upstream_request_id
+        if trace.output is not None:  # (capture_content) the answer
+            variable["gen_ai.output.messages"] = trace.output.attribute()
+        parts += (answer, _encode(variable))
+    if trace.inputs:  # (capture_content) what every attempt was sent
+        parts.append(_encode(trace.inputs))
+    return encode_span_fields(
+        trace.trace_id,
+        attempt.span_id,
+        trace.span_id,
+        trace.trace_state,
+        f"{operation} {attempt.model}",
+        SPAN_KIND_CLIENT,
+        attempt.start_ns,
+        attempt.end_ns or end_ns,
+        b"".join(parts),
+        STATUS_ERROR if error_type else 0,
+        error_type,
+        trace.flags,
+        False,
+    )
+
+
+_request_spans: Callable[..., None]
+try:  # the same, compiled (setup.py builds it when there is a C compiler)
+    from gateway.observability._otlp_c import request_spans as _request_spans
+except ImportError:  # pragma: no cover - no compiler where it was installed
+    _request_spans = _request_spans_py
 
 
 _MAX_CACHED = 4096  # attribute groups remembered (then forgotten all at once: they are rebuilt as needed)

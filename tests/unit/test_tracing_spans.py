@@ -1,0 +1,196 @@
+"""A traced request's spans, compiled (``_otlp_c.request_spans``) and in Python (``tracing._request_spans_py``, the
+reference, and the path of a trace that captures content): the same bytes for any record, trace and attempts
+Hypothesis draws — every optional attribute present or not, failovers, failed and cancelled attempts, a caller's
+parent — and the same errors for what OTLP cannot carry. The bytes themselves are checked against the
+``opentelemetry-proto`` messages by tests/unit/test_otlp_collector.py (through the compiled path, when built).
+
+Skipped when the extension was not built, unless MESSAGES_GATEWAY_REQUIRE_EXTENSION is set: then they fail."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from gateway.observability import tracing
+from gateway.observability.recording import Finished
+from gateway.observability.tracing import GEN_AI_PROVIDERS, AttemptSpan, RequestTrace, _request_spans_py, _server
+from gateway.wire.events import Usage
+
+
+def _compiled() -> Any:
+    try:
+        return importlib.import_module("gateway.observability._otlp_c")
+    except ImportError:
+        return None
+
+
+C = _compiled()
+REQUIRE_EXTENSION = bool(os.environ.get("MESSAGES_GATEWAY_REQUIRE_EXTENSION"))
+pytestmark = pytest.mark.skipif(
+    C is None and not REQUIRE_EXTENSION, reason="gateway.observability._otlp_c is not built: nothing to compare"
+)
+
+text = st.text(max_size=12)
+maybe_text = st.one_of(st.just(""), text)
+tokens = st.one_of(st.none(), st.integers(0, 2**40))
+seconds = st.one_of(st.none(), st.floats(0, 600, allow_nan=False), st.integers(0, 600))
+ns = st.integers(1, 2**63 - 1)
+params = st.tuples(
+    st.one_of(st.none(), st.integers(1, 2**31)),
+    st.one_of(st.none(), st.floats(0, 1)),
+    st.one_of(st.none(), st.floats(0, 1)),
+    st.one_of(st.none(), st.floats(0, 500)),
+    st.one_of(st.none(), st.just(()), st.lists(text, max_size=3).map(tuple)),
+)
+kinds = st.sampled_from([*GEN_AI_PROVIDERS, "unknown"])
+urls = st.sampled_from(["", "https://api.anthropic.com/v1/messages", "http://127.0.0.1:9000/v1/messages", "http://h"])
+
+
+@st.composite
+def attempts(draw: st.DrawFn) -> AttemptSpan:
+    span = AttemptSpan(draw(st.binary(min_size=8, max_size=8)), draw(text), draw(kinds), draw(text))
+    span.start_ns = draw(ns)
+    span.url = draw(urls)
+    if draw(st.booleans()):
+        span.end_ns = draw(ns)
+        span.error_type = draw(st.sampled_from(["overloaded_error", "api_error", "timeout", "x"]))
+        span.status = draw(st.sampled_from([0, 429, 500, 529]))
+    return span
+
+
+@st.composite
+def traced(draw: st.DrawFn) -> tuple[Finished, RequestTrace]:
+    parent = draw(st.one_of(st.just(b""), st.binary(min_size=8, max_size=8)))
+    trace = RequestTrace(
+        draw(st.binary(min_size=16, max_size=16)),
+        parent,
+        draw(st.integers(0, 255)),
+        draw(maybe_text),
+        draw(st.binary(min_size=8, max_size=8)),
+    )
+    trace.start_ns = draw(ns)
+    trace.route = draw(st.sampled_from(["", "/v1/messages", "/model/{modelId}/invoke-with-response-stream"]))
+    trace.request_model = draw(maybe_text)
+    trace.params = draw(params)
+    trace.attempts = draw(st.lists(attempts(), max_size=3))
+    trace.error_type = draw(maybe_text)
+    usage = Usage(
+        input_tokens=draw(tokens),
+        output_tokens=draw(tokens),
+        cache_read_input_tokens=draw(tokens),
+        cache_creation_input_tokens=draw(tokens),
+    )
+    f = Finished(
+        started_at=0.0,
+        request_id=draw(text),
+        upstream_request_id=draw(maybe_text),
+        method=draw(st.sampled_from(["POST", "GET"])),
+        path=draw(st.sampled_from(["/v1/messages", "/v1/messages/count_tokens", "/x"])),
+        key_name=draw(maybe_text),
+        team=draw(maybe_text),
+        user=draw(maybe_text),
+        session_id=draw(maybe_text),
+        agent_id=draw(maybe_text),
+        alias=draw(maybe_text),
+        provider=draw(maybe_text),
+        model=draw(maybe_text),
+        model_label="",
+        stream=draw(st.booleans()),
+        routed=True,
+        outcome=draw(st.sampled_from(["completed", "upstream_error", "client_cancelled", "stream_error"])),
+        status=draw(st.sampled_from([0, 200, 400, 529])),
+        usage=usage,
+        cost_usd=draw(st.one_of(st.none(), st.floats(0, 100))),
+        ttft=draw(seconds),
+        duration=1.0,
+        attempts=draw(st.integers(0, 4)),
+        timed=True,
+        dropped=draw(st.lists(text, max_size=2).map(tuple)),
+        limit=draw(maybe_text),
+        response_id=draw(maybe_text),
+        response_model=draw(maybe_text),
+        finish_reason=draw(maybe_text),
+        upstream_wait=draw(seconds),
+        panic=draw(st.booleans()),
+        trace=trace,
+    )
+    return f, trace
+
+
+def both(f: Finished, trace: RequestTrace, *args: Any) -> tuple[list[bytes], list[bytes]]:
+    python: list[bytes] = []
+    compiled: list[bytes] = []
+    _request_spans_py(f, trace, *args, GEN_AI_PROVIDERS, _server, python)
+    C.request_spans(f, trace, *args, GEN_AI_PROVIDERS, _server, compiled)
+    return python, compiled
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    traced(),
+    ns,
+    st.sampled_from(["chat", "count_tokens"]),
+    st.sampled_from(["", "anthropic", "aws.bedrock"]),
+    maybe_text,
+    st.booleans(),
+)
+def test_the_compiled_spans_are_the_reference_spans(
+    request: tuple[Finished, RequestTrace], end_ns: int, operation: str, provider: str, error_type: str, answer: bool
+) -> None:
+    f, trace = request
+    python, compiled = both(f, trace, end_ns, operation, provider, error_type, answer)
+    assert compiled == python
+    assert len(compiled) == 1 + len(trace.attempts)
+    for encoded in compiled:  # each a ScopeSpans.spans field: its tag, its length, a Span that decodes
+        assert encoded[0] == 0x12
+        Span.FromString(encoded[1 + (1 if encoded[1] < 0x80 else 2 if encoded[2] < 0x80 else 3) :])
+
+
+def test_the_tracer_uses_the_compiled_spans_unless_content_is_captured() -> None:
+    assert tracing._request_spans is C.request_spans
+
+
+def test_what_otlp_cannot_carry_fails_alike() -> None:
+    """A token count past int64 (a ValueError either way), a field of the wrong type (a TypeError)."""
+    trace = RequestTrace(b"t" * 16, b"", 1, "", b"s" * 8)
+    trace.attempts = [AttemptSpan(b"a" * 8, "up", "anthropic", "m")]
+    base: dict[str, Any] = {
+        "started_at": 0.0,
+        "request_id": "r",
+        "upstream_request_id": "",
+        "method": "POST",
+        "path": "/v1/messages",
+        "key_name": "",
+        "team": "",
+        "user": "",
+        "session_id": "",
+        "agent_id": "",
+        "alias": "",
+        "provider": "",
+        "model": "",
+        "model_label": "",
+        "stream": True,
+        "routed": True,
+        "outcome": "completed",
+        "status": 200,
+        "cost_usd": None,
+        "ttft": None,
+        "duration": 1.0,
+        "attempts": 1,
+        "timed": True,
+        "trace": trace,
+    }
+    huge = Finished(**base, usage=Usage(input_tokens=2**63 - 1, cache_read_input_tokens=1))
+    for build in (_request_spans_py, C.request_spans):
+        with pytest.raises(ValueError, match="int64"):
+            build(huge, trace, 1, "chat", "anthropic", "", True, GEN_AI_PROVIDERS, _server, [])
+    wrong = Finished(**{**base, "request_id": object()}, usage=Usage())  # type: ignore[arg-type]
+    for build in (_request_spans_py, C.request_spans):
+        with pytest.raises(TypeError):
+            build(wrong, trace, 1, "chat", "anthropic", "", True, GEN_AI_PROVIDERS, _server, [])
