@@ -326,10 +326,11 @@ TRACED = "gateway-traced"  # the second gateway process of --tracing: the same c
 GOVERNED = "gateway-governed"  # ledger on SQLite, limits over Redis, JWTs (bench.governed): in every report
 
 
-def tracing_yaml(sink_port: int) -> str:
+def tracing_yaml(sink_port: int, options: str = "") -> str:
     """``telemetry.otlp`` to the sink, everything else at its default (sample_ratio 1.0: every request traced;
     a batch leaves every max_batch 512 spans or schedule_delay_s 5 s; the GenAI histograms every 60 s)."""
-    return f'telemetry:\n  otlp:\n    endpoint: "http://{HOST}:{sink_port}"\n    protocol: http/protobuf\n'
+    more = "".join(f"    {line.strip()}\n" for line in options.split(";") if line.strip())
+    return f'telemetry:\n  otlp:\n    endpoint: "http://{HOST}:{sink_port}"\n    protocol: http/protobuf\n{more}'
 
 
 def gateway_argv(config: Path, port: int, workers: int, profile: Path | None = None) -> list[str]:
@@ -666,6 +667,8 @@ async def _tracing_pairs(system: System, s: Scenario, opts: Options) -> list[dic
                 "on_us": None if on is None else round(on, 1),
                 "difference_us": None if off is None or on is None else round(on - off, 1),
                 "errors": got["gateway"].get("errors", 0) + got[TRACED].get("errors", 0),
+                "off_rps": got["gateway"].get("rps"),
+                "on_rps": got[TRACED].get("rps"),
             }
         )
     return pairs
@@ -1278,6 +1281,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "fresh process, shows with nothing traced)",
     )
     parser.add_argument(
+        "--tracing-options",
+        default="",
+        metavar="YAML",
+        help="with --tracing: more telemetry.otlp settings for the traced gateway, ';'-separated "
+        "('sample_ratio: 0; signals: [metrics]'): which part of tracing costs what",
+    )
+    parser.add_argument(
         "--tracing-pairs",
         type=int,
         default=0,
@@ -1379,6 +1389,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "limits": args.limits,
             "tracing": tracing_requested,
             "tracing_control": bool(tracing_requested and args.tracing_control),
+            "tracing_options": args.tracing_options if tracing_requested else "",
             "governed": governed_requested,
             "logs": str(work),
         },
@@ -1453,7 +1464,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         system.load_extra.append(sink)
         system.sink_port = sink_port
         traced_config = work / "gateway-traced.yaml"
-        telemetry = "" if args.tracing_control else tracing_yaml(sink_port)
+        telemetry = "" if args.tracing_control else tracing_yaml(sink_port, args.tracing_options)
         traced_config.write_text(gateway_config(tr_port, up_port, store, limits) + telemetry)
         traced = Proc(
             TRACED,
