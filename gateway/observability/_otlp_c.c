@@ -12,6 +12,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -21,9 +22,20 @@
 /* Attributes measured into records on the stack, more into PyMem */
 #define STACK_ATTRIBUTES 32
 
+/* Where request_spans finds an attribute in the objects of one type: the offset of its slot (a member
+ * descriptor of an object slot: a __slots__ class's, a msgspec Struct's field), or -1 to read it through
+ * getattr (anything else: a property, a dict entry); 0 until it was looked up. */
+#define LAYOUTS 8
+typedef struct {
+    PyTypeObject *type; /* a strong reference */
+    Py_ssize_t offsets[64];
+} Layout;
+
 typedef struct {
     PyObject *struct_error; /* struct.error: what struct.pack raises for a time that is not a uint64 */
     PyObject *names[64];    /* request_spans: the attribute names it reads, interned (NAMES) */
+    Layout layouts[LAYOUTS]; /* of the types it read (Finished, Usage, RequestTrace, AttemptSpan) */
+    int layout_count;
 } ModuleState;
 
 static ModuleState *module_state(PyObject *module) { return (ModuleState *)PyModule_GetState(module); }
@@ -765,10 +777,44 @@ static int put_int(Buffer *b, const char *key, long long n)
 
 /* The attributes read off the objects: new references, released together */
 typedef struct {
-    PyObject *const *names; /* the module's, interned */
+    ModuleState *state; /* the names (interned) and the layouts */
     PyObject *held[128];
     int count;
 } Reader;
+
+/* The layout of ``type`` (NULL when the table is full: every attribute through getattr) */
+static Layout *layout_of(ModuleState *state, PyTypeObject *type)
+{
+    for (int i = 0; i < state->layout_count; i++) {
+        if (state->layouts[i].type == type)
+            return &state->layouts[i];
+    }
+    if (state->layout_count == LAYOUTS)
+        return NULL;
+    Layout *layout = &state->layouts[state->layout_count++];
+    layout->type = (PyTypeObject *)Py_NewRef((PyObject *)type);
+    memset(layout->offsets, 0, sizeof layout->offsets);
+    return layout;
+}
+
+/* Where ``name`` is in objects of the layout's type: a slot's offset, or -1 (getattr) */
+static Py_ssize_t offset_of(Layout *layout, PyObject *name, int index)
+{
+    Py_ssize_t offset = layout->offsets[index];
+    if (offset)
+        return offset;
+    offset = -1;
+    /* the class's attribute of that name: a member descriptor of an object slot is a data descriptor, which
+     * an instance's __dict__ (if any) cannot hide */
+    PyObject *descriptor = _PyType_Lookup(layout->type, name); /* borrowed */
+    if (descriptor != NULL && Py_IS_TYPE(descriptor, &PyMemberDescr_Type)) {
+        PyMemberDef *member = ((PyMemberDescrObject *)descriptor)->d_member;
+        if (member->type == T_OBJECT_EX && !(member->flags & READ_RESTRICTED) && member->offset > 0)
+            offset = member->offset;
+    }
+    layout->offsets[index] = offset;
+    return offset;
+}
 
 /* ``value`` (a new reference) kept until the reader is released; -1 (and it released) when there is no room */
 static int hold(Reader *r, PyObject *value)
@@ -782,11 +828,25 @@ static int hold(Reader *r, PyObject *value)
     return 0;
 }
 
-/* ``object.<name>`` (borrowed from the reader); NULL with an error */
+/* ``object.<name>`` (borrowed from the reader); NULL with an error. A slot is read where it is (what its
+ * member descriptor would do, without the look-ups of getattr); anything else through getattr. */
 static PyObject *field(Reader *r, PyObject *object, int name)
 {
-    PyObject *value = PyObject_GetAttr(object, r->names[name]);
-    return value == NULL || hold(r, value) < 0 ? NULL : value;
+    PyObject *value;
+    Layout *layout = layout_of(r->state, Py_TYPE(object));
+    const Py_ssize_t offset = layout == NULL ? -1 : offset_of(layout, r->state->names[name], name);
+    if (offset > 0) {
+        value = *(PyObject **)((char *)object + offset);
+        if (value == NULL) {
+            PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute '%U'", Py_TYPE(object)->tp_name,
+                         r->state->names[name]);
+            return NULL;
+        }
+        Py_INCREF(value);
+    }
+    else if ((value = PyObject_GetAttr(object, r->state->names[name])) == NULL)
+        return NULL;
+    return hold(r, value) < 0 ? NULL : value;
 }
 
 static void reader_release(Reader *r)
@@ -1174,7 +1234,7 @@ static PyObject *request_spans(PyObject *module, PyObject *const *args, Py_ssize
     if (time_of(args[2], &end_ns) < 0)
         return NULL;
     Reader r;
-    r.names = module_state(module)->names;
+    r.state = module_state(module);
     r.count = 0;
     Buffer b;
     buffer_init(&b);
@@ -1257,6 +1317,8 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(module_state(module)->struct_error);
     for (int i = 0; i < N_COUNT; i++)
         Py_VISIT(module_state(module)->names[i]);
+    for (int i = 0; i < module_state(module)->layout_count; i++)
+        Py_VISIT(module_state(module)->layouts[i].type);
     return 0;
 }
 
@@ -1265,6 +1327,9 @@ static int module_clear(PyObject *module)
     Py_CLEAR(module_state(module)->struct_error);
     for (int i = 0; i < N_COUNT; i++)
         Py_CLEAR(module_state(module)->names[i]);
+    for (int i = 0; i < module_state(module)->layout_count; i++)
+        Py_CLEAR(module_state(module)->layouts[i].type);
+    module_state(module)->layout_count = 0;
     return 0;
 }
 

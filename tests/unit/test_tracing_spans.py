@@ -194,3 +194,67 @@ def test_what_otlp_cannot_carry_fails_alike() -> None:
     for build in (_request_spans_py, C.request_spans):
         with pytest.raises(TypeError):
             build(wrong, trace, 1, "chat", "anthropic", "", True, GEN_AI_PROVIDERS, _server, [])
+
+
+class _DictTrace:
+    """A trace whose attributes live in an instance dict, one of them a property: the compiled path reads what is
+    not a slot through getattr."""
+
+    def __init__(self, trace: RequestTrace) -> None:
+        for name in RequestTrace.__slots__:
+            if name != "route":
+                setattr(self, name, getattr(trace, name))
+        self._route = trace.route
+
+    @property
+    def route(self) -> str:
+        return self._route
+
+
+@settings(max_examples=200, deadline=None)
+@given(traced(), ns)
+def test_attributes_that_are_not_slots_are_read_through_getattr(
+    request: tuple[Finished, RequestTrace], end: int
+) -> None:
+    f, trace = request
+    python, compiled = both(f, _DictTrace(trace), end, "chat", "anthropic", "", True)  # type: ignore[arg-type]
+    assert compiled == python
+    reference, _ = both(f, trace, end, "chat", "anthropic", "", True)
+    assert compiled == reference
+
+
+def test_an_unset_slot_is_an_attribute_error_alike() -> None:
+    trace = RequestTrace(b"t" * 16, b"", 1, "", b"s" * 8)
+    span = AttemptSpan(b"a" * 8, "up", "anthropic", "m")
+    del span.url
+    trace.attempts = [span]
+    f = Finished(
+        started_at=0.0,
+        request_id="r",
+        upstream_request_id="",
+        method="POST",
+        path="/v1/messages",
+        key_name="",
+        team="",
+        user="",
+        session_id="",
+        agent_id="",
+        alias="",
+        provider="",
+        model="",
+        model_label="",
+        stream=True,
+        routed=True,
+        outcome="completed",
+        status=200,
+        usage=Usage(),
+        cost_usd=None,
+        ttft=None,
+        duration=1.0,
+        attempts=1,
+        timed=True,
+        trace=trace,
+    )
+    for build in (_request_spans_py, C.request_spans):
+        with pytest.raises(AttributeError, match="url"):
+            build(f, trace, 1, "chat", "anthropic", "", True, GEN_AI_PROVIDERS, _server, [])
