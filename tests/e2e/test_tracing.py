@@ -150,7 +150,16 @@ def test_a_stream_is_a_server_span_over_a_client_span_continuing_the_callers_tra
     assert server.resource["deployment.environment.name"] == "test"
     assert server.scope == "messages-gateway" and server.protocol == "http"
     assert server.headers["x-collector-key"] == "c-123"
+    assert server.headers["content-encoding"] == "gzip"  # the default, as the Collector's own exporters send
     no_secrets(spans)
+
+
+def test_an_uncompressed_export_when_asked(fake: FakeClaudeAPI, collector: OtlpCollector) -> None:
+    with run_gateway(config(collector, fake.base_url, extra="    compression: none")) as gw:
+        client(gw).messages.create(model="fake-tools", **KW)
+        spans = one_trace(collector, 2)
+    assert {span.protocol for span in spans} == {"http"}
+    assert all("content-encoding" not in span.headers for span in spans)
 
 
 def test_a_json_answer_over_grpc(fake: FakeClaudeAPI, collector: OtlpCollector) -> None:

@@ -5,6 +5,7 @@ OTLP collector in ``tests/e2e/test_tracing.py``."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -17,6 +18,7 @@ from gateway.observability.otlp_export import (
     MemoryTransport,
     OtlpExporter,
     export_config,
+    gzip_body,
 )
 from gateway.observability.otlp_proto import SPAN_KIND_SERVER, SpanRecord, encode_span
 from gateway.settings import Settings, parse_settings
@@ -106,6 +108,27 @@ def test_off_unless_configured_and_the_variables_fill_in_what_the_config_leaves_
     got = export_config(settings("server: {tracing: true}"), environ={})
     assert got is not None and (got.endpoint, got.protocol) == ("http://localhost:4318", "http/protobuf")
     assert (got.schedule_delay_s, got.max_queue, got.max_batch, got.timeout_s) == (5.0, 2048, 512, 10.0)
+
+
+def test_the_bodies_are_gzipped_unless_the_config_or_the_variable_says_none() -> None:
+    on = settings("telemetry: {otlp: {endpoint: 'http://c:4318'}}")
+    for environ, expected in (
+        ({}, "gzip"),
+        ({"OTEL_EXPORTER_OTLP_COMPRESSION": "none"}, "none"),
+        ({"OTEL_EXPORTER_OTLP_COMPRESSION": "GZIP"}, "gzip"),
+        ({"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}, "gzip"),  # not served: the default, with a warning
+    ):
+        got = export_config(on, environ=environ)
+        assert got is not None and got.compression == expected, environ
+    told = settings("telemetry: {otlp: {endpoint: 'http://c:4318', compression: none}}")
+    got = export_config(told, environ={"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"})
+    assert got is not None and got.compression == "none"  # the config wins
+
+
+def test_gzip_body_is_a_gzip_member_of_the_same_bytes() -> None:
+    body = b"".join(span(n) for n in range(50))
+    packed = gzip_body(body)
+    assert gzip.decompress(packed) == body and len(packed) < len(body) / 5
 
 
 def test_a_full_queue_drops_and_counts_and_a_batch_leaves_when_max_batch_wait() -> None:
