@@ -215,8 +215,8 @@ class MemoryTransport:
 
 
 class HttpTransport:
-    """OTLP/HTTP with protobuf bodies, gzipped unless ``compression: none`` (in a worker thread: zlib lets go of the
-    GIL, and a batch's ~0.7 ms of compression does not hold the event loop)."""
+    """OTLP/HTTP with protobuf bodies, gzipped unless ``compression: none`` (``gzip_chunks``: on the event loop, a
+    piece at a time)."""
 
     def __init__(self, config: ExportConfig) -> None:
         base = config.endpoint
@@ -234,7 +234,7 @@ class HttpTransport:
         import aiohttp
 
         if self._gzip:
-            body = await asyncio.to_thread(gzip_body, body)
+            body = await gzip_chunks(body)
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 cookie_jar=aiohttp.DummyCookieJar(), timeout=aiohttp.ClientTimeout(total=None)
@@ -254,11 +254,33 @@ class HttpTransport:
             await self._session.close()
 
 
+_GZIP_CHUNK = 64 * 1024  # ~0.1 ms of compression: the longest the event loop is held by it
+
+
+def _packer() -> zlib._Compress:
+    # level 1: spans are mostly their attributes' repeated keys, already ~25 times smaller at zlib's fastest level;
+    # wbits 31: the gzip wrapper; memLevel 9: ~20 % quicker than the default 8
+    return zlib.compressobj(1, zlib.DEFLATED, 31, 9)
+
+
 def gzip_body(body: bytes) -> bytes:
-    """``body`` as a gzip member, at zlib's fastest level (spans are mostly their attributes' repeated keys: level 1
-    already makes them ~25 times smaller, at ~0.7 ms for a batch of 512)."""
-    packer = zlib.compressobj(1, zlib.DEFLATED, 31)  # wbits 31: the gzip wrapper
+    """``body`` as a gzip member (~0.7 ms for a batch of 512 spans, ~540 KB)."""
+    packer = _packer()
     return packer.compress(body) + packer.flush()
+
+
+async def gzip_chunks(body: bytes) -> bytes:
+    """``gzip_body`` on the event loop, ``_GZIP_CHUNK`` at a time with a turn of the loop between pieces: no request
+    waits more than a piece's ~0.1 ms behind it. (A worker thread was measured dearer: the handing over of the GIL
+    between the loop's thread and the worker's cost the served gateway more than the compression itself.)"""
+    packer = _packer()
+    view = memoryview(body)
+    parts = []
+    for start in range(0, len(body), _GZIP_CHUNK):
+        parts.append(packer.compress(view[start : start + _GZIP_CHUNK]))
+        await asyncio.sleep(0)
+    parts.append(packer.flush())
+    return b"".join(parts)
 
 
 _GRPC_METHODS: dict[Signal, str] = {

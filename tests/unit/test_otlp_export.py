@@ -19,6 +19,7 @@ from gateway.observability.otlp_export import (
     OtlpExporter,
     export_config,
     gzip_body,
+    gzip_chunks,
 )
 from gateway.observability.otlp_proto import SPAN_KIND_SERVER, SpanRecord, encode_span
 from gateway.settings import Settings, parse_settings
@@ -129,6 +130,9 @@ def test_gzip_body_is_a_gzip_member_of_the_same_bytes() -> None:
     body = b"".join(span(n) for n in range(50))
     packed = gzip_body(body)
     assert gzip.decompress(packed) == body and len(packed) < len(body) / 5
+    for size in (0, 1, 64 * 1024, 64 * 1024 + 1, 300_000):  # on the loop, a piece at a time: the same bytes inflate
+        data = (body * (size // len(body) + 1))[:size]
+        assert gzip.decompress(asyncio.run(gzip_chunks(data))) == data
 
 
 def test_a_full_queue_drops_and_counts_and_a_batch_leaves_when_max_batch_wait() -> None:
