@@ -8,6 +8,10 @@
  * between the two walks (the arguments are converted, and a mapping other than a dict turned into its
  * list of items, before the first), so what was measured is what is written.
  *
+ * And ``request_spans``: a traced request's SERVER and CLIENT spans straight from its Finished record, its
+ * RequestTrace and its AttemptSpans (tracing.py's ``_request_spans_py``, the reference), each span's attributes
+ * written into a growing buffer, then the Span around them by the same writer as ``span``'s (SpanFields).
+ *
  * Optional: setup.py builds it when a C compiler is there. Nothing but the CPython C API.
  */
 #define PY_SSIZE_T_CLEAN
@@ -536,6 +540,105 @@ static int time_argument(ModuleState *state, PyObject *object, int *present, uin
     return 0;
 }
 
+/* A Span message's fields other than its attributes: a zero number (kind, times, status code) or an empty
+ * string is left out, as proto3 does; the name is ``name``, or ``name + " " + name2`` when ``name2`` is set
+ * (the tracer's "{method} {route}", "{operation} {model}": no string made of them) */
+typedef struct {
+    const char *trace_id, *span_id, *parent, *trace_state, *name, *name2, *message;
+    Py_ssize_t trace_id_length, span_id_length, parent_length, trace_state_length, name_length, name2_length;
+    Py_ssize_t message_length;
+    uint64_t kind, start, end, code;
+    uint32_t flags; /* Span.flags (16) as written */
+} SpanFields;
+
+static inline Py_ssize_t span_name_length(const SpanFields *s)
+{
+    return s->name2 == NULL ? s->name_length : s->name_length + 1 + s->name2_length;
+}
+
+/* The size of the Status message */
+static inline Py_ssize_t span_status_size(const SpanFields *s)
+{
+    return (s->message_length ? field_size(s->message_length) : 0) + (s->code ? 1 + varint_size(s->code) : 0);
+}
+
+/* The Span message's size with ``attributes`` bytes of attributes; -1 (OverflowError) past SIZE_LIMIT */
+static Py_ssize_t span_size(const SpanFields *s, Py_ssize_t attributes)
+{
+    const Py_ssize_t lengths[] = {s->trace_id_length, s->span_id_length, s->trace_state_length, s->parent_length,
+                                  span_name_length(s), s->message_length};
+    Py_ssize_t size = 0, n;
+    for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) {
+        if (lengths[i] > SIZE_LIMIT)
+            return too_large();
+        if (lengths[i] && i < 5) {
+            if ((n = field_size(lengths[i])) < 0)
+                return -1;
+            size += n;
+        }
+    }
+    if (attributes > SIZE_LIMIT || (n = field_size(span_status_size(s))) < 0)
+        return too_large();
+    size += (s->kind ? 1 + varint_size(s->kind) : 0) + (s->start ? 9 : 0) + (s->end ? 9 : 0);
+    size += attributes + n + 6; /* ... the status, the flags (a tag of two bytes, a fixed32) */
+    return size > SIZE_LIMIT ? too_large() : size;
+}
+
+/* The Span's fields before its attributes (1 to 8), in field-number order */
+static char *put_span_head(char *p, const SpanFields *s)
+{
+    if (s->trace_id_length)
+        p = put_field(p, 0x0a, s->trace_id, s->trace_id_length); /* trace_id (1) */
+    if (s->span_id_length)
+        p = put_field(p, 0x12, s->span_id, s->span_id_length); /* span_id (2) */
+    if (s->trace_state_length)
+        p = put_field(p, 0x1a, s->trace_state, s->trace_state_length); /* trace_state (3) */
+    if (s->parent_length)
+        p = put_field(p, 0x22, s->parent, s->parent_length); /* parent_span_id (4) */
+    const Py_ssize_t name_length = span_name_length(s);
+    if (name_length) {
+        *p++ = 0x2a; /* name (5) */
+        p = put_varint(p, (uint64_t)name_length);
+        memcpy(p, s->name, (size_t)s->name_length);
+        p += s->name_length;
+        if (s->name2 != NULL) {
+            *p++ = ' ';
+            memcpy(p, s->name2, (size_t)s->name2_length);
+            p += s->name2_length;
+        }
+    }
+    if (s->kind) {
+        *p++ = 0x30; /* kind (6), enum */
+        p = put_varint(p, s->kind);
+    }
+    if (s->start) {
+        *p++ = 0x39; /* start_time_unix_nano (7), fixed64 */
+        p = put_fixed64(p, s->start);
+    }
+    if (s->end) {
+        *p++ = 0x41; /* end_time_unix_nano (8), fixed64 */
+        p = put_fixed64(p, s->end);
+    }
+    return p;
+}
+
+/* The Span's fields after its attributes: status (15), always (the SDK sets it): Status{message (2), code (3)};
+ * flags (16), fixed32 */
+static char *put_span_tail(char *p, const SpanFields *s)
+{
+    *p++ = 0x7a;
+    p = put_varint(p, (uint64_t)span_status_size(s));
+    if (s->message_length)
+        p = put_field(p, 0x12, s->message, s->message_length);
+    if (s->code) {
+        *p++ = 0x18;
+        p = put_varint(p, s->code);
+    }
+    *p++ = (char)0x85;
+    *p++ = 0x01;
+    return put_fixed32(p, s->flags);
+}
+
 PyDoc_STRVAR(span_doc,
 "span(trace_id, span_id, parent_span_id, trace_state, name, kind, start_ns, end_ns, attributes,\n"
 "     status_code, status_message, flags, parent_is_remote, /) -> bytes\n\n"
@@ -550,38 +653,41 @@ static PyObject *span(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     ModuleState *state = module_state(module);
-    const char *trace_id, *span_id, *parent, *trace_state, *name, *message, *raw = NULL;
-    Py_ssize_t trace_id_length, span_id_length, parent_length, trace_state_length, name_length, message_length;
+    SpanFields s = {.name2 = NULL};
+    const char *raw = NULL;
     Py_ssize_t raw_length = 0;
     int has_kind, has_start, has_end, has_code;
-    uint64_t kind, start, end, code;
     /* Every argument converted (Python code may run: __bool__, __index__, a mapping's items()) before
      * anything is measured */
-    if (bytes_argument(args[0], "trace_id", 0, &trace_id, &trace_id_length) < 0 ||
-        bytes_argument(args[1], "span_id", 0, &span_id, &span_id_length) < 0 ||
-        bytes_argument(args[2], "parent_span_id", 1, &parent, &parent_length) < 0 ||
-        text_argument(args[3], "trace_state", &trace_state, &trace_state_length) < 0 ||
-        text_argument(args[4], "name", &name, &name_length) < 0 ||
-        enum_argument(args[5], "kind", &has_kind, &kind) < 0 ||
-        time_argument(state, args[6], &has_start, &start) < 0 ||
-        time_argument(state, args[7], &has_end, &end) < 0 ||
-        enum_argument(args[9], "status_code", &has_code, &code) < 0 ||
-        text_argument(args[10], "status_message", &message, &message_length) < 0)
+    if (bytes_argument(args[0], "trace_id", 0, &s.trace_id, &s.trace_id_length) < 0 ||
+        bytes_argument(args[1], "span_id", 0, &s.span_id, &s.span_id_length) < 0 ||
+        bytes_argument(args[2], "parent_span_id", 1, &s.parent, &s.parent_length) < 0 ||
+        text_argument(args[3], "trace_state", &s.trace_state, &s.trace_state_length) < 0 ||
+        text_argument(args[4], "name", &s.name, &s.name_length) < 0 ||
+        enum_argument(args[5], "kind", &has_kind, &s.kind) < 0 ||
+        time_argument(state, args[6], &has_start, &s.start) < 0 ||
+        time_argument(state, args[7], &has_end, &s.end) < 0 ||
+        enum_argument(args[9], "status_code", &has_code, &s.code) < 0 ||
+        text_argument(args[10], "status_message", &s.message, &s.message_length) < 0)
         return NULL;
+    s.kind = has_kind ? s.kind : 0; /* absent: left out, as a zero is */
+    s.start = has_start ? s.start : 0;
+    s.end = has_end ? s.end : 0;
+    s.code = has_code ? s.code : 0;
     if (!PyLong_Check(args[11])) {
         PyErr_Format(PyExc_TypeError, "span(): flags must be int, not %.100s", Py_TYPE(args[11])->tp_name);
         return NULL;
     }
     /* flags (16): the W3C trace flags, SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK, and
      * SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK when the span has a parent and that parent is remote */
-    uint32_t flags = (uint32_t)(PyLong_AsUnsignedLongLongMask(args[11]) & 0xFF) | 0x100;
+    s.flags = (uint32_t)(PyLong_AsUnsignedLongLongMask(args[11]) & 0xFF) | 0x100;
     if (PyErr_Occurred())
         return NULL;
     const int remote = PyObject_IsTrue(args[12]);
     if (remote < 0)
         return NULL;
-    if (remote && parent_length)
-        flags |= 0x200;
+    if (remote && s.parent_length)
+        s.flags |= 0x200;
     PyObject *mapping = args[8];
     int has_mapping = 0;
     if (PyBytes_Check(mapping)) {
@@ -598,74 +704,18 @@ static PyObject *span(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *result = NULL;
     if (has_mapping && measure_attributes(&a, mapping) < 0) /* from here on no Python code runs */
         goto done;
-    Py_ssize_t status = 0, size = 0, n;
-    if (message_length) {
-        if ((status = field_size(message_length)) < 0)
-            goto done;
-    }
-    if (has_code)
-        status += 1 + varint_size(code);
-    const Py_ssize_t lengths[] = {trace_id_length, span_id_length, trace_state_length, parent_length, name_length};
-    for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) {
-        if (lengths[i]) {
-            if ((n = field_size(lengths[i])) < 0)
-                goto done;
-            size += n;
-        }
-    }
-    size += (has_kind ? 1 + varint_size(kind) : 0) + (has_start ? 9 : 0) + (has_end ? 9 : 0);
-    if (raw_length > SIZE_LIMIT || a.size > SIZE_LIMIT || (n = field_size(status)) < 0) {
-        too_large();
-        goto done;
-    }
-    size += raw_length + a.size + n + 6;
-    if (size > SIZE_LIMIT) {
-        too_large();
-        goto done;
-    }
-    if ((result = PyBytes_FromStringAndSize(NULL, size)) == NULL)
+    const Py_ssize_t size = span_size(&s, raw_length + a.size);
+    if (size < 0 || (result = PyBytes_FromStringAndSize(NULL, size)) == NULL)
         goto done;
 
-    char *p = PyBytes_AS_STRING(result);
-    if (trace_id_length)
-        p = put_field(p, 0x0a, trace_id, trace_id_length); /* trace_id (1) */
-    if (span_id_length)
-        p = put_field(p, 0x12, span_id, span_id_length); /* span_id (2) */
-    if (trace_state_length)
-        p = put_field(p, 0x1a, trace_state, trace_state_length); /* trace_state (3) */
-    if (parent_length)
-        p = put_field(p, 0x22, parent, parent_length); /* parent_span_id (4) */
-    if (name_length)
-        p = put_field(p, 0x2a, name, name_length); /* name (5) */
-    if (has_kind) {
-        *p++ = 0x30; /* kind (6), enum */
-        p = put_varint(p, kind);
-    }
-    if (has_start) {
-        *p++ = 0x39; /* start_time_unix_nano (7), fixed64 */
-        p = put_fixed64(p, start);
-    }
-    if (has_end) {
-        *p++ = 0x41; /* end_time_unix_nano (8), fixed64 */
-        p = put_fixed64(p, end);
-    }
+    char *p = put_span_head(PyBytes_AS_STRING(result), &s);
     if (raw_length) { /* attributes (9): the bytes encode_attributes made of them */
         memcpy(p, raw, (size_t)raw_length);
         p += raw_length;
     }
     else if (a.count && (p = put_attributes(p, &a, 0x4a)) == NULL) /* attributes (9) */
         goto written;
-    *p++ = 0x7a; /* status (15), always (the SDK sets it): Status{message (2), code (3)} */
-    p = put_varint(p, (uint64_t)status);
-    if (message_length)
-        p = put_field(p, 0x12, message, message_length);
-    if (has_code) {
-        *p++ = 0x18;
-        p = put_varint(p, code);
-    }
-    *p++ = (char)0x85; /* flags (16), fixed32 */
-    *p++ = 0x01;
-    p = put_fixed32(p, flags);
+    p = put_span_tail(p, &s);
 written:
     result = finished(result, p);
 done:
@@ -1000,80 +1050,22 @@ static const char *bytes_of(PyObject *value, Py_ssize_t *length, const char *wha
     return PyBytes_AS_STRING(value);
 }
 
-/* A span's fields other than its attributes */
-typedef struct {
-    const char *trace_id, *span_id, *parent, *trace_state, *name1, *name2, *message;
-    Py_ssize_t trace_id_length, span_id_length, parent_length, trace_state_length, name1_length, name2_length;
-    Py_ssize_t message_length;
-    uint64_t kind, start, end, code;
-    uint32_t flags;
-} SpanFields;
-
 /* ``encode_span_fields`` of ``s`` and the attributes in ``b``, appended to ``spans``: the ScopeSpans.spans field
- * (tag and length) around a Span message, its name ``name1 + " " + name2`` */
+ * (tag and length) around a Span message */
 static int append_span(PyObject *spans, const SpanFields *s, const Buffer *b)
 {
-    Py_ssize_t status = s->message_length ? 1 + varint_size((uint64_t)s->message_length) + s->message_length : 0;
-    if (s->code)
-        status += 1 + varint_size(s->code);
-    const Py_ssize_t name_length = s->name1_length + 1 + s->name2_length;
-    Py_ssize_t size = 0;
-    const Py_ssize_t lengths[] = {s->trace_id_length, s->span_id_length, s->trace_state_length, s->parent_length,
-                                  name_length};
-    for (size_t i = 0; i < sizeof lengths / sizeof lengths[0]; i++) {
-        if (lengths[i])
-            size += 1 + varint_size((uint64_t)lengths[i]) + lengths[i];
-    }
-    size += (s->kind ? 1 + varint_size(s->kind) : 0) + (s->start ? 9 : 0) + (s->end ? 9 : 0);
-    size += b->size + 1 + varint_size((uint64_t)status) + status + 6;
-    if (size > SIZE_LIMIT)
-        return too_large();
+    const Py_ssize_t size = span_size(s, b->size);
+    if (size < 0)
+        return -1;
     PyObject *result = PyBytes_FromStringAndSize(NULL, 1 + varint_size((uint64_t)size) + size);
     if (result == NULL)
         return -1;
     char *p = PyBytes_AS_STRING(result);
     *p++ = 0x12; /* ScopeSpans.spans (2) */
     p = put_varint(p, (uint64_t)size);
-    if (s->trace_id_length)
-        p = put_field(p, 0x0a, s->trace_id, s->trace_id_length);
-    if (s->span_id_length)
-        p = put_field(p, 0x12, s->span_id, s->span_id_length);
-    if (s->trace_state_length)
-        p = put_field(p, 0x1a, s->trace_state, s->trace_state_length);
-    if (s->parent_length)
-        p = put_field(p, 0x22, s->parent, s->parent_length);
-    *p++ = 0x2a; /* name (5): never empty (a space at least) */
-    p = put_varint(p, (uint64_t)name_length);
-    memcpy(p, s->name1, (size_t)s->name1_length);
-    p += s->name1_length;
-    *p++ = ' ';
-    memcpy(p, s->name2, (size_t)s->name2_length);
-    p += s->name2_length;
-    if (s->kind) {
-        *p++ = 0x30;
-        p = put_varint(p, s->kind);
-    }
-    if (s->start) {
-        *p++ = 0x39;
-        p = put_fixed64(p, s->start);
-    }
-    if (s->end) {
-        *p++ = 0x41;
-        p = put_fixed64(p, s->end);
-    }
-    memcpy(p, b->data, (size_t)b->size);
-    p += b->size;
-    *p++ = 0x7a;
-    p = put_varint(p, (uint64_t)status);
-    if (s->message_length)
-        p = put_field(p, 0x12, s->message, s->message_length);
-    if (s->code) {
-        *p++ = 0x18;
-        p = put_varint(p, s->code);
-    }
-    *p++ = (char)0x85;
-    *p++ = 0x01;
-    p = put_fixed32(p, s->flags);
+    p = put_span_head(p, s);
+    memcpy(p, b->data, (size_t)b->size); /* attributes (9) */
+    p = put_span_tail(p + b->size, s);
     if ((result = finished(result, p)) == NULL)
         return -1;
     const int appended = PyList_Append(spans, result);
@@ -1121,7 +1113,7 @@ static int server_span(Reader *r, Buffer *b, PyObject *f, PyObject *trace, SpanF
         put_if(b, "messages_gateway.agent_id", field(r, f, N_AGENT_ID)) < 0)
         return -1;
     if ((s->span_id = bytes_of(field(r, trace, N_SPAN_ID), &s->span_id_length, "RequestTrace.span_id")) == NULL ||
-        (s->name1 = utf8_of(method, &s->name1_length, "Finished.method")) == NULL ||
+        (s->name = utf8_of(method, &s->name_length, "Finished.method")) == NULL ||
         (s->name2 = utf8_of(route, &s->name2_length, "http.route")) == NULL ||
         time_of(field(r, trace, N_START_NS), &s->start) < 0)
         return -1;
@@ -1195,7 +1187,7 @@ static int client_span(Reader *r, Buffer *b, PyObject *f, PyObject *trace, SpanF
         return -1;
     uint64_t end;
     if ((s->span_id = bytes_of(field(r, attempt, N_SPAN_ID), &s->span_id_length, "AttemptSpan.span_id")) == NULL ||
-        (s->name1 = utf8_of(operation, &s->name1_length, "the operation")) == NULL ||
+        (s->name = utf8_of(operation, &s->name_length, "the operation")) == NULL ||
         (s->name2 = utf8_of(model, &s->name2_length, "AttemptSpan.model")) == NULL ||
         time_of(field(r, attempt, N_START_NS), &s->start) < 0 || time_of(field(r, attempt, N_END_NS), &end) < 0)
         return -1;
