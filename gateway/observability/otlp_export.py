@@ -316,7 +316,6 @@ class GrpcTransport:
         self._secure = parts.scheme == "https"
         self._metadata = tuple(config.headers.items())
         self._gzip = config.compression == "gzip"
-        self._compression: Any = None  # grpc.Compression.Gzip when gzipped (set with the channel)
         self._channel: Any = None
         self._calls: dict[Signal, Any] = {}
 
@@ -324,7 +323,6 @@ class GrpcTransport:
         import grpc
 
         if self._channel is None:
-            self._compression = grpc.Compression.Gzip if self._gzip else grpc.Compression.NoCompression
             self._channel = (
                 grpc.aio.secure_channel(self._target, grpc.ssl_channel_credentials())
                 if self._secure
@@ -334,7 +332,8 @@ class GrpcTransport:
         if call is None:  # no serializers: the body is the serialized request already
             call = self._calls[signal] = self._channel.unary_unary(_GRPC_METHODS[signal])
         try:
-            await call(body, timeout=timeout_s, metadata=self._metadata, compression=self._compression)
+            compression = grpc.Compression.Gzip if self._gzip else grpc.Compression.NoCompression
+            await call(body, timeout=timeout_s, metadata=self._metadata, compression=compression)
         except grpc.aio.AioRpcError as exc:
             code = exc.code()
             retryable = code in (
