@@ -12,6 +12,7 @@ import importlib
 import os
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from gateway.observability import tracing
 from gateway.observability.recording import Finished
 from gateway.observability.tracing import GEN_AI_PROVIDERS, AttemptSpan, RequestTrace, _request_spans_py, _server
 from gateway.wire.events import Usage
+from tests.unit.test_tracing import finished
 
 
 def _compiled() -> Any:
@@ -160,37 +162,12 @@ def test_what_otlp_cannot_carry_fails_alike() -> None:
     """A token count past int64 (a ValueError either way), a field of the wrong type (a TypeError)."""
     trace = RequestTrace(b"t" * 16, b"", 1, "", b"s" * 8)
     trace.attempts = [AttemptSpan(b"a" * 8, "up", "anthropic", "m")]
-    base: dict[str, Any] = {
-        "started_at": 0.0,
-        "request_id": "r",
-        "upstream_request_id": "",
-        "method": "POST",
-        "path": "/v1/messages",
-        "key_name": "",
-        "team": "",
-        "user": "",
-        "session_id": "",
-        "agent_id": "",
-        "alias": "",
-        "provider": "",
-        "model": "",
-        "model_label": "",
-        "stream": True,
-        "routed": True,
-        "outcome": "completed",
-        "status": 200,
-        "cost_usd": None,
-        "ttft": None,
-        "duration": 1.0,
-        "attempts": 1,
-        "timed": True,
-        "trace": trace,
-    }
-    huge = Finished(**base, usage=Usage(input_tokens=2**63 - 1, cache_read_input_tokens=1))
+    base = finished(trace)
+    huge = msgspec.structs.replace(base, usage=Usage(input_tokens=2**63 - 1, cache_read_input_tokens=1))
     for build in (_request_spans_py, C.request_spans):
         with pytest.raises(ValueError, match="int64"):
             build(huge, trace, 1, "chat", "anthropic", "", True, GEN_AI_PROVIDERS, _server, [])
-    wrong = Finished(**{**base, "request_id": object()}, usage=Usage())  # type: ignore[arg-type]
+    wrong = msgspec.structs.replace(base, request_id=object())
     for build in (_request_spans_py, C.request_spans):
         with pytest.raises(TypeError):
             build(wrong, trace, 1, "chat", "anthropic", "", True, GEN_AI_PROVIDERS, _server, [])
@@ -228,33 +205,7 @@ def test_an_unset_slot_is_an_attribute_error_alike() -> None:
     span = AttemptSpan(b"a" * 8, "up", "anthropic", "m")
     del span.url
     trace.attempts = [span]
-    f = Finished(
-        started_at=0.0,
-        request_id="r",
-        upstream_request_id="",
-        method="POST",
-        path="/v1/messages",
-        key_name="",
-        team="",
-        user="",
-        session_id="",
-        agent_id="",
-        alias="",
-        provider="",
-        model="",
-        model_label="",
-        stream=True,
-        routed=True,
-        outcome="completed",
-        status=200,
-        usage=Usage(),
-        cost_usd=None,
-        ttft=None,
-        duration=1.0,
-        attempts=1,
-        timed=True,
-        trace=trace,
-    )
+    f = finished(trace)
     for build in (_request_spans_py, C.request_spans):
         with pytest.raises(AttributeError, match="url"):
             build(f, trace, 1, "chat", "anthropic", "", True, GEN_AI_PROVIDERS, _server, [])
