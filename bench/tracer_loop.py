@@ -72,8 +72,7 @@ def request_side(tracer: Tracer, head: MessagesHead) -> RequestTrace:
     trace = tracer.start(HEADERS)
     trace.route = "/v1/messages"
     trace.request("claude-sonnet-4-6", BODY, head)
-    span = trace.attempt("up", "anthropic", "claude-sonnet-4-6")
-    trace.traceparent(span)
+    span = trace.attempt("up", "anthropic", "claude-sonnet-4-6")  # with its traceparent, as the pipeline's
     span.url = "http://127.0.0.1:9000/v1/messages"
     return trace
 

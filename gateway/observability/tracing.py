@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import msgspec
+
 from gateway.observability.genai_content import OutputCollector, input_attributes
 from gateway.observability.genai_metrics import (
     CLIENT_DURATION,
@@ -98,34 +100,24 @@ Params = tuple[int | None, float | None, float | None, float | None, tuple[str, 
 """max_tokens, temperature, top_p, top_k (the convention's type: double), stop_sequences: what the spans carry of a
 request's parameters (gen_ai.request.*), None where absent or not of its type."""
 _NO_PARAMS: Params = (None, None, None, None, None)
+_M64 = (1 << 64) - 1
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if type(value) is float or type(value) is int else None
-
-
-def _params(head: MessagesHead) -> Params:
-    stop = head.stop_sequences
-    stops = tuple(stop) if type(stop) is list and all(type(s) is str for s in stop) else None
-    return (head.max_tokens, _number(head.temperature), _number(head.top_p), _number(head.top_k), stops)
-
-
-class AttemptSpan:
+class AttemptSpan(msgspec.Struct, gc=False):
     """One upstream attempt: the CLIENT span's id and times, where it went, and how it failed ("" when it did
-    not)."""
+    not). A Struct (made in C, never tracked by the cyclic collector: it holds no container): the request's path
+    runs no Python ``__init__`` for it."""
 
-    __slots__ = ("end_ns", "error_type", "model", "provider", "provider_kind", "span_id", "start_ns", "status", "url")
-
-    def __init__(self, span_id: bytes, provider: str, provider_kind: str, model: str) -> None:
-        self.span_id = span_id
-        self.provider = provider  # the configured provider's name
-        self.provider_kind = provider_kind  # its kind (GEN_AI_PROVIDERS)
-        self.model = model  # the upstream model id asked for
-        self.start_ns = time.time_ns()
-        self.end_ns = 0  # 0: it served the request, and ends when the request does
-        self.error_type = ""
-        self.status = 0  # the provider's HTTP status when it answered with an error
-        self.url = ""  # where the request went (set by the adapter that sent it)
+    span_id: bytes
+    provider: str  # the configured provider's name
+    provider_kind: str  # its kind (GEN_AI_PROVIDERS)
+    model: str  # the upstream model id asked for
+    traceparent: str = ""  # the W3C traceparent its upstream request carries (RequestTrace.attempt sets it)
+    start_ns: int = msgspec.field(default_factory=time.time_ns)
+    end_ns: int = 0  # 0: it served the request, and ends when the request does
+    error_type: str = ""
+    status: int = 0  # the provider's HTTP status when it answered with an error
+    url: str = ""  # where the request went (set by the adapter that sent it)
 
     def fail(self, error_type: str, status: int) -> None:
         self.end_ns = time.time_ns()
@@ -133,41 +125,24 @@ class AttemptSpan:
         self.status = status
 
 
-class RequestTrace:
-    """One traced request: its ids, its start, its parameters, its attempts."""
+class RequestTrace(msgspec.Struct, gc=False):
+    """One traced request: its ids, its start, its parameters, its attempts. A Struct, like ``AttemptSpan`` (its
+    containers are tracked themselves, and nothing it holds refers back to it)."""
 
-    __slots__ = (
-        "attempts",
-        "capture",
-        "error_type",
-        "flags",
-        "inputs",
-        "output",
-        "params",
-        "parent_id",
-        "request_model",
-        "route",
-        "span_id",
-        "start_ns",
-        "trace_id",
-        "trace_state",
-    )
-
-    def __init__(self, trace_id: bytes, parent_id: bytes, flags: int, trace_state: str, span_id: bytes) -> None:
-        self.trace_id = trace_id
-        self.parent_id = parent_id  # the caller's span (b"": the trace starts here)
-        self.flags = flags
-        self.trace_state = trace_state
-        self.span_id = span_id  # the SERVER span's
-        self.start_ns = time.time_ns()
-        self.route = ""  # the route's template (http.route): "/v1/messages", a surface's
-        self.request_model = ""  # the model as the client named it
-        self.params = _NO_PARAMS
-        self.attempts: list[AttemptSpan] = []
-        self.error_type = ""  # the error the client was answered with, when one was
-        self.capture = False  # telemetry.otlp.capture_content: the prompt and the answer go into the spans
-        self.inputs: dict[str, str] = {}  # (capture) gen_ai.system_instructions and gen_ai.input.messages
-        self.output: OutputCollector | None = None  # (capture) the answer, as it streams or arrives
+    trace_id: bytes
+    parent_id: bytes  # the caller's span (b"": the trace starts here)
+    flags: int
+    trace_state: str
+    span_id: bytes  # the SERVER span's
+    start_ns: int = msgspec.field(default_factory=time.time_ns)
+    route: str = ""  # the route's template (http.route): "/v1/messages", a surface's
+    request_model: str = ""  # the model as the client named it
+    params: Params = _NO_PARAMS
+    attempts: list[AttemptSpan] = msgspec.field(default_factory=list)
+    error_type: str = ""  # the error the client was answered with, when one was
+    capture: bool = False  # telemetry.otlp.capture_content: the prompt and the answer go into the spans
+    inputs: dict[str, str] | None = None  # (capture) gen_ai.system_instructions and gen_ai.input.messages
+    output: OutputCollector | None = None  # (capture) the answer, as it streams or arrives
 
     @property
     def sampled(self) -> bool:
@@ -175,15 +150,34 @@ class RequestTrace:
 
     def request(self, model: str, body: bytes, head: MessagesHead | None) -> None:
         """The request as the client sent it: its model and the parameters the spans carry (as the edge's own
-        parse read them: ``head``, None for a token count)."""
+        parse read them: ``head``, None for a token count). Written out rather than through helpers: every call
+        on a request's path is one it pays for served, where its code is cold (docs/benchmarks.md)."""
         self.request_model = model
         if head is not None:
-            self.params = _params(head)
+            stop = head.stop_sequences
+            if stop is not None:
+                stop = tuple(stop) if type(stop) is list and all(type(s) is str for s in stop) else None
+            t, p, k = head.temperature, head.top_p, head.top_k
+            self.params = (
+                head.max_tokens,
+                float(t) if type(t) is float or type(t) is int else None,
+                float(p) if type(p) is float or type(p) is int else None,
+                float(k) if type(k) is float or type(k) is int else None,
+                stop,
+            )
         if self.capture:
             self.inputs, self.output = input_attributes(body), OutputCollector()
 
     def attempt(self, provider: str, provider_kind: str, model: str) -> AttemptSpan:
-        span = AttemptSpan(_span_id(), provider, provider_kind, model)
+        """A new attempt's CLIENT span, its ``traceparent`` (this trace, its span) made with it."""
+        bits = _getrandbits(64) or 1
+        span = AttemptSpan(
+            bits.to_bytes(8, "big"),
+            provider,
+            provider_kind,
+            model,
+            f"00-{self.trace_id.hex()}-{bits:016x}-{_FLAGS_HEX[self.flags]}",
+        )
         self.attempts.append(span)
         return span
 
@@ -192,12 +186,7 @@ class RequestTrace:
         return f"00-{self.trace_id.hex()}-{span.span_id.hex()}-{_FLAGS_HEX[self.flags]}"
 
 
-def _span_id() -> bytes:
-    return random.getrandbits(64).to_bytes(8, "big") or b"\x00" * 7 + b"\x01"
-
-
-def _trace_id() -> bytes:
-    return random.getrandbits(128).to_bytes(16, "big")
+_getrandbits = random.getrandbits
 
 
 FLUSH_AT = 32
@@ -247,18 +236,23 @@ class Tracer:
         self._server_series: dict[tuple[str, ...], tuple[Any, Any]] = {}
 
     def start(self, headers: Mapping[str, str]) -> RequestTrace:
-        """The trace of a request that just arrived: the caller's (``traceparent``/``tracestate``) or a new one."""
+        """The trace of a request that just arrived: the caller's (``traceparent``/``tracestate``) or a new one
+        (its trace and SERVER span ids from one draw of 192 random bits)."""
         value = headers.get("traceparent")
         parent = parse_traceparent(value) if value else None
         if parent is not None:
             trace_id, parent_id, flags = parent
             state = headers.get("tracestate", "")
             state = state if len(state) <= _MAX_TRACESTATE else ""
-            trace = RequestTrace(trace_id, parent_id, flags & 0xFF, state, _span_id())
+            bits = _getrandbits(64) or 1
+            trace = RequestTrace(trace_id, parent_id, flags & 0xFF, state, bits.to_bytes(8, "big"))
         else:
-            trace_id = _trace_id()
-            sampled = self._bound >= _ALWAYS or int.from_bytes(trace_id[8:], "big") < self._bound
-            trace = RequestTrace(trace_id, b"", _TRACE_FLAG_SAMPLED if sampled else 0, "", _span_id())
+            bits = _getrandbits(192)
+            if not bits & _M64:  # a span id of zeros is invalid (W3C): one in 2**64
+                bits |= 1
+            ids = bits.to_bytes(24, "big")
+            sampled = self._bound >= _ALWAYS or (bits >> 64) & _M64 < self._bound  # the trace id's low 64 bits
+            trace = RequestTrace(ids[:16], b"", _TRACE_FLAG_SAMPLED if sampled else 0, "", ids[16:])
         if self.capture and trace.flags & _TRACE_FLAG_SAMPLED:
             trace.capture = True
         return trace

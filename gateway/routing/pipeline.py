@@ -179,7 +179,7 @@ def _attempt_span(trace: RequestTrace | None, request: ProxyRequest, target: Tar
     if trace is None:
         return None
     span = request.span = trace.attempt(target.provider, target.adapter.kind, model)
-    request.traceparent = trace.traceparent(span)
+    request.traceparent = span.traceparent
     return span
 
 

@@ -6,6 +6,8 @@ are built in batches, none lost."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import time
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -140,14 +142,33 @@ def test_sample_ratio_and_the_callers_flag() -> None:
     half, _ = tracer(sample_ratio=0.5)
     sampled = sum(serve(half, {}).sampled for _ in range(2000))
     assert 850 < sampled < 1150  # the trace id's low 64 bits against the ratio (TraceIdRatioBased)
+    quarter, _ = tracer(sample_ratio=0.25)
+    for _ in range(500):  # exactly those bits decide, the SERVER span's id drawn with them never does
+        trace = quarter.start({})
+        assert trace.sampled == (int.from_bytes(trace.trace_id[8:], "big") < round(0.25 * 2**64))
+        assert trace.span_id != bytes(8) and len(trace.trace_id) == 16 and len(trace.span_id) == 8
 
 
 def test_the_upstream_traceparent_is_the_attempts_span() -> None:
     t, _ = tracer()
     trace = t.start({"traceparent": f"00-{TRACE}-{SPAN}-01"})
     attempt = trace.attempt("c1", "anthropic", "m")
-    assert trace.traceparent(attempt) == f"00-{TRACE}-{attempt.span_id.hex()}-01"
+    assert trace.traceparent(attempt) == f"00-{TRACE}-{attempt.span_id.hex()}-01" == attempt.traceparent
     assert attempt.span_id != trace.span_id and attempt.span_id.hex() != SPAN
+    unsampled, _ = tracer(sample_ratio=0.0)
+    own = unsampled.start({})
+    second = own.attempt("c1", "anthropic", "m")
+    assert second.traceparent == f"00-{own.trace_id.hex()}-{second.span_id.hex()}-00"
+    assert parse_traceparent(second.traceparent) == (own.trace_id, second.span_id, 0)
+
+
+def test_a_trace_and_its_attempts_are_not_tracked_by_the_cyclic_collector() -> None:
+    """Made in C (msgspec Structs, gc=False: nothing they hold refers back to them); their containers are."""
+    t, _ = tracer()
+    trace = t.start({})
+    attempt = trace.attempt("c1", "anthropic", "m")
+    assert not gc.is_tracked(trace) and not gc.is_tracked(attempt) and gc.is_tracked(trace.attempts)
+    assert 0 < trace.start_ns <= attempt.start_ns <= time.time_ns()
 
 
 def test_the_histograms_stop_taking_new_series_at_their_bound() -> None:
