@@ -19,6 +19,7 @@
 #include <structmember.h>
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
 
 /* The largest body this module measures: far enough below PY_SSIZE_T_MAX that adding a field's header
  * (at most 11 bytes) and one more field's size to a size under it never overflows. */
@@ -1278,6 +1279,169 @@ done:
     return result;
 }
 
+/* --- a histogram series -------------------------------------------------------------------------------- */
+
+/* genai_metrics.Series (the reference, and the fallback without this module) in C: a record is one C call,
+ * its bucket found by a binary search over the bounds as doubles — the same bucket as ``bisect_left`` over the
+ * Python numbers, since a bound must lie strictly within (-2**53, 2**53): an int there is a double exactly, and
+ * an int outside is past every bound as a double too. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *bounds; /* the tuple it was made with */
+    double *edges;    /* the bounds as doubles */
+    long long *counts; /* len(bounds) + 1 */
+    Py_ssize_t n;
+    double sum, min, max;
+    long long start_ns;
+} Histogram;
+
+static int histogram_init(Histogram *self, PyObject *args, PyObject *kwargs)
+{
+    static char *keywords[] = {"bounds", "start_ns", NULL};
+    PyObject *bounds;
+    long long start_ns;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!L:Histogram", keywords, &PyTuple_Type, &bounds, &start_ns))
+        return -1;
+    if (self->bounds != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Histogram: made once");
+        return -1;
+    }
+    const Py_ssize_t n = PyTuple_GET_SIZE(bounds);
+    double *edges = PyMem_Malloc(sizeof(double) * (size_t)(n ? n : 1));
+    long long *counts = PyMem_Calloc((size_t)n + 1, sizeof(long long));
+    if (edges == NULL || counts == NULL) {
+        PyMem_Free(edges);
+        PyMem_Free(counts);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        edges[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(bounds, i));
+        if (edges[i] == -1.0 && PyErr_Occurred()) {
+            PyMem_Free(edges);
+            PyMem_Free(counts);
+            return -1;
+        }
+        if ((i && !(edges[i - 1] < edges[i])) || !(fabs(edges[i]) < 9007199254740992.0)) {
+            PyMem_Free(edges);
+            PyMem_Free(counts);
+            PyErr_SetString(PyExc_ValueError, "Histogram: the bounds must increase, each within (-2**53, 2**53)");
+            return -1;
+        }
+    }
+    self->bounds = Py_NewRef(bounds);
+    self->edges = edges;
+    self->counts = counts;
+    self->n = n;
+    self->sum = 0.0;
+    self->min = Py_HUGE_VAL;
+    self->max = -Py_HUGE_VAL;
+    self->start_ns = start_ns;
+    return 0;
+}
+
+static void histogram_dealloc(Histogram *self)
+{
+    Py_XDECREF(self->bounds);
+    PyMem_Free(self->edges);
+    PyMem_Free(self->counts);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* ``Series.add``: -1 with an error (a value that is not a number: TypeError; an int too large for a double:
+ * OverflowError, as ``self.sum += value`` raises it) */
+static int histogram_record(Histogram *self, PyObject *value)
+{
+    if (self->counts == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Histogram: not made");
+        return -1;
+    }
+    double v;
+    if (PyFloat_CheckExact(value))
+        v = PyFloat_AS_DOUBLE(value);
+    else if (PyLong_Check(value) || PyFloat_Check(value)) {
+        v = PyFloat_AsDouble(value);
+        if (v == -1.0 && PyErr_Occurred())
+            return -1;
+    }
+    else {
+        PyErr_Format(PyExc_TypeError, "a histogram records numbers, not %.100s", Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    Py_ssize_t lo = 0, hi = self->n; /* bisect_left: the first bound >= v */
+    while (lo < hi) {
+        const Py_ssize_t mid = (lo + hi) / 2;
+        if (self->edges[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    self->counts[lo]++;
+    self->sum += v;
+    if (v < self->min)
+        self->min = v;
+    if (v > self->max)
+        self->max = v;
+    return 0;
+}
+
+static PyObject *histogram_add(Histogram *self, PyObject *value)
+{
+    return histogram_record(self, value) < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+static PyObject *histogram_counts(Histogram *self, void *closure)
+{
+    (void)closure;
+    if (self->counts == NULL)
+        return PyList_New(0);
+    PyObject *counts = PyList_New(self->n + 1);
+    if (counts == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i <= self->n; i++) {
+        PyObject *count = PyLong_FromLongLong(self->counts[i]);
+        if (count == NULL) {
+            Py_DECREF(counts);
+            return NULL;
+        }
+        PyList_SET_ITEM(counts, i, count);
+    }
+    return counts;
+}
+
+static PyMethodDef histogram_methods[] = {
+    {"add", (PyCFunction)histogram_add, METH_O, "add(value, /)\n\nRecord one value (Series.add)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef histogram_members[] = {
+    {"bounds", T_OBJECT, offsetof(Histogram, bounds), READONLY, "the bucket bounds"},
+    {"sum", T_DOUBLE, offsetof(Histogram, sum), READONLY, "the values' sum"},
+    {"min", T_DOUBLE, offsetof(Histogram, min), READONLY, "the least value (inf: none yet)"},
+    {"max", T_DOUBLE, offsetof(Histogram, max), READONLY, "the greatest value (-inf: none yet)"},
+    {"start_ns", T_LONGLONG, offsetof(Histogram, start_ns), READONLY, "when the series began"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef histogram_getset[] = {
+    {"counts", (getter)histogram_counts, NULL, "the bucket counts (a new list)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject HistogramType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "gateway.observability._otlp_c.Histogram",
+    .tp_doc = "Histogram(bounds, start_ns)\n\nOne histogram series (genai_metrics.Series, compiled).",
+    .tp_basicsize = sizeof(Histogram),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)histogram_init,
+    .tp_dealloc = (destructor)histogram_dealloc,
+    .tp_methods = histogram_methods,
+    .tp_members = histogram_members,
+    .tp_getset = histogram_getset,
+};
+
 /* --- the module ---------------------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1301,7 +1465,9 @@ static int exec_module(PyObject *module)
         if ((state->names[i] = PyUnicode_InternFromString(NAMES[i])) == NULL)
             return -1;
     }
-    return 0;
+    if (PyType_Ready(&HistogramType) < 0)
+        return -1;
+    return PyModule_AddObjectRef(module, "Histogram", (PyObject *)&HistogramType);
 }
 
 static int module_traverse(PyObject *module, visitproc visit, void *arg)

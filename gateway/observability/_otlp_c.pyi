@@ -1,6 +1,6 @@
 """The OTLP encoder's attributes and spans, compiled (gateway/observability/_otlp_c.c): the same bytes as
 ``otlp_proto._attributes`` and ``otlp_proto._span``, and a request's spans as ``tracing._request_spans_py``
-makes them."""
+makes them; and ``Histogram``, ``genai_metrics.Series`` in C."""
 
 from collections.abc import Callable, Mapping
 
@@ -34,3 +34,21 @@ def request_spans(
     spans: list[bytes],
     /,
 ) -> None: ...
+
+class Histogram:
+    """One histogram series (genai_metrics.Series, compiled)."""
+
+    def __init__(self, bounds: tuple[float, ...], start_ns: int) -> None: ...
+    def add(self, value: float, /) -> None: ...
+    @property
+    def bounds(self) -> tuple[float, ...]: ...
+    @property
+    def counts(self) -> list[int]: ...
+    @property
+    def sum(self) -> float: ...
+    @property
+    def min(self) -> float: ...
+    @property
+    def max(self) -> float: ...
+    @property
+    def start_ns(self) -> int: ...

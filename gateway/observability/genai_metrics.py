@@ -4,16 +4,18 @@ The four instruments of the convention's ``docs/gen-ai/gen-ai-metrics.md`` that 
 explicit bucket boundaries the convention gives it: ``gen_ai.client.token.usage`` and
 ``gen_ai.client.operation.duration`` (the gateway as its providers' client: per upstream attempt),
 ``gen_ai.server.request.duration`` and ``gen_ai.server.time_to_first_token`` (the gateway as its clients' server:
-per request). A record is one dict look-up and a ``bisect``; the data points are built only when the exporter
-collects them (cumulative temporality, the OTLP default, from the process's start), so the Prometheus metrics,
-which stay as they are, and these cost the request path about the same.
+per request). A record is one call of a compiled ``Histogram`` (``_otlp_c``: ``Series`` in C, where ``Series``
+stays the reference and the fallback) on a series found by one dict look-up; the data points are built only when
+the exporter collects them (cumulative temporality, the OTLP default, from the process's start), so the Prometheus
+metrics, which stay as they are, and these cost the request path about the same.
 """
 
 from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from gateway.observability.otlp_proto import TEMPORALITY_CUMULATIVE, Histogram, HistogramPoint
 
@@ -78,34 +80,64 @@ class Series:
             self.max = value
 
 
-class _Overflow(Series):
+class Recorder(Protocol):
+    """What a record goes to: a series (``Series``, ``Histogram``) or the overflow."""
+
+    def add(self, value: float, /) -> None: ...
+
+
+class SeriesData(Recorder, Protocol):
+    """A series as ``collect`` reads it."""
+
+    @property
+    def counts(self) -> list[int]: ...
+    @property
+    def sum(self) -> float: ...
+    @property
+    def min(self) -> float: ...
+    @property
+    def max(self) -> float: ...
+    @property
+    def start_ns(self) -> int: ...
+
+
+class _Overflow:
     """Where a record goes past ``max_series``: counted, not kept."""
 
     def __init__(self, owner: GenAiMetrics) -> None:
-        super().__init__((), 0)
         self._owner = owner
 
-    def add(self, value: float) -> None:
+    def add(self, value: float, /) -> None:
         self._owner.overflow += 1
+
+
+SeriesFactory = Callable[[tuple[float, ...], int], SeriesData]
+COMPILED: SeriesFactory | None
+try:  # Series in C (setup.py builds it when there is a C compiler)
+    from gateway.observability._otlp_c import Histogram as COMPILED
+except ImportError:  # pragma: no cover - no compiler where it was installed
+    COMPILED = None
 
 
 class GenAiMetrics:
     """The histograms' series, by instrument and attribute set."""
 
-    def __init__(self, max_series: int = 2000) -> None:
-        self._series: dict[tuple[int, Attributes], Series] = {}
+    def __init__(self, max_series: int = 2000, make: SeriesFactory | None = None) -> None:
+        """``make``: the series' type (default: the compiled ``Histogram`` when built, else ``Series``)."""
+        self._make: SeriesFactory = make or COMPILED or Series
+        self._series: dict[tuple[int, Attributes], SeriesData] = {}
         self._max_series = max_series  # past it a new attribute set is not recorded (counted in `overflow`)
         self.overflow = 0
         self._overflow = _Overflow(self)
 
-    def series(self, instrument: int, attributes: Attributes) -> Series:
+    def series(self, instrument: int, attributes: Attributes) -> Recorder:
         """The series of ``instrument`` with ``attributes`` (made on first use)."""
         key = (instrument, attributes)
         found = self._series.get(key)
         if found is None:
             if len(self._series) >= self._max_series:
                 return self._overflow
-            found = self._series[key] = Series(INSTRUMENTS[instrument].bounds, time.time_ns())
+            found = self._series[key] = self._make(INSTRUMENTS[instrument].bounds, time.time_ns())
         return found
 
     def collect(self, now_ns: int | None = None) -> list[Histogram]:
