@@ -41,6 +41,7 @@ typedef struct {
     PyObject *names[64];    /* request_spans: the attribute names it reads, interned (NAMES) */
     Layout layouts[LAYOUTS]; /* of the types it read (Finished, Usage, RequestTrace, AttemptSpan) */
     int layout_count;
+    PyObject *chat, *count_tokens, *empty, *add; /* record's strings, interned */
 } ModuleState;
 
 static ModuleState *module_state(PyObject *module) { return (ModuleState *)PyModule_GetState(module); }
@@ -734,6 +735,7 @@ enum {
     N_INPUT_TOKENS, N_OUTPUT_TOKENS, N_CACHE_READ, N_CACHE_CREATION,
     N_TRACE_ID, N_SPAN_ID, N_PARENT_ID, N_TRACE_STATE, N_FLAGS, N_START_NS, N_ROUTE, N_REQUEST_MODEL, N_PARAMS,
     N_ATTEMPTS_LIST, N_END_NS, N_ERROR_TYPE, N_PROVIDER_KIND, N_URL,
+    N_TIMED, N_ROUTED, N_CAPTURE, N_DURATION,
     N_COUNT
 };
 _Static_assert(N_COUNT <= 64, "ModuleState.names holds 64");
@@ -744,6 +746,7 @@ static const char *const NAMES[N_COUNT] = {
     "input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
     "trace_id", "span_id", "parent_id", "trace_state", "flags", "start_ns", "route", "request_model", "params",
     "attempts", "end_ns", "error_type", "provider_kind", "url",
+    "timed", "routed", "capture", "duration",
 };
 
 /* A growing buffer: on the stack, then PyMem */
@@ -1208,31 +1211,18 @@ PyDoc_STRVAR(request_spans_doc,
 "captures content). ``f``: the Finished; ``trace``: its RequestTrace; ``answer``: whether the answer's\n"
 "attributes go in; ``providers``: GEN_AI_PROVIDERS; ``server``: a url's (address, port).");
 
-static PyObject *request_spans(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* A request's spans appended to ``spans`` (``request_spans``' work); -1 with an error */
+static int spans_of(ModuleState *state, PyObject *f, PyObject *trace, uint64_t end_ns, PyObject *operation,
+                    PyObject *provider, PyObject *error_type, int answer, PyObject *providers, PyObject *server,
+                    PyObject *spans)
 {
-    if (nargs != 10) {
-        PyErr_Format(PyExc_TypeError, "request_spans() takes exactly 10 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    PyObject *f = args[0], *trace = args[1], *operation = args[3], *provider = args[4], *error_type = args[5];
-    PyObject *providers = args[7], *server = args[8], *spans = args[9];
-    if (!PyList_Check(spans) || !PyDict_Check(providers)) {
-        PyErr_SetString(PyExc_TypeError, "request_spans(): spans must be a list, providers a dict");
-        return NULL;
-    }
-    const int answer = PyObject_IsTrue(args[6]);
-    if (answer < 0)
-        return NULL;
-    uint64_t end_ns;
-    if (time_of(args[2], &end_ns) < 0)
-        return NULL;
     Reader r;
-    r.state = module_state(module);
+    r.state = state;
     r.count = 0;
     Buffer b;
     buffer_init(&b);
     SpanFields s;
-    PyObject *result = NULL;
+    int result = -1;
     PyObject *flags = field(&r, trace, N_FLAGS);
     if ((s.trace_id = bytes_of(field(&r, trace, N_TRACE_ID), &s.trace_id_length, "RequestTrace.trace_id")) == NULL ||
         (s.parent = bytes_of(field(&r, trace, N_PARENT_ID), &s.parent_length, "RequestTrace.parent_id")) == NULL ||
@@ -1272,11 +1262,33 @@ static PyObject *request_spans(PyObject *module, PyObject *const *args, Py_ssize
         while (r.count > mark)
             Py_DECREF(r.held[--r.count]);
     }
-    result = Py_NewRef(Py_None);
+    result = 0;
 done:
     reader_release(&r);
     buffer_release(&b);
     return result;
+}
+
+static PyObject *request_spans(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError, "request_spans() takes exactly 10 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (!PyList_Check(args[9]) || !PyDict_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "request_spans(): spans must be a list, providers a dict");
+        return NULL;
+    }
+    const int answer = PyObject_IsTrue(args[6]);
+    if (answer < 0)
+        return NULL;
+    uint64_t end_ns;
+    if (time_of(args[2], &end_ns) < 0)
+        return NULL;
+    if (spans_of(module_state(module), args[0], args[1], end_ns, args[3], args[4], args[5], answer, args[7], args[8],
+                 args[9]) < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 /* --- a histogram series -------------------------------------------------------------------------------- */
@@ -1348,6 +1360,25 @@ static void histogram_dealloc(Histogram *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* One value, as a double, recorded */
+static void histogram_put(Histogram *self, double v)
+{
+    Py_ssize_t lo = 0, hi = self->n; /* bisect_left: the first bound >= v */
+    while (lo < hi) {
+        const Py_ssize_t mid = (lo + hi) / 2;
+        if (self->edges[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    self->counts[lo]++;
+    self->sum += v;
+    if (v < self->min)
+        self->min = v;
+    if (v > self->max)
+        self->max = v;
+}
+
 /* ``Series.add``: -1 with an error (a value that is not a number: TypeError; an int too large for a double:
  * OverflowError, as ``self.sum += value`` raises it) */
 static int histogram_record(Histogram *self, PyObject *value)
@@ -1368,20 +1399,7 @@ static int histogram_record(Histogram *self, PyObject *value)
         PyErr_Format(PyExc_TypeError, "a histogram records numbers, not %.100s", Py_TYPE(value)->tp_name);
         return -1;
     }
-    Py_ssize_t lo = 0, hi = self->n; /* bisect_left: the first bound >= v */
-    while (lo < hi) {
-        const Py_ssize_t mid = (lo + hi) / 2;
-        if (self->edges[mid] < v)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    self->counts[lo]++;
-    self->sum += v;
-    if (v < self->min)
-        self->min = v;
-    if (v > self->max)
-        self->max = v;
+    histogram_put(self, v);
     return 0;
 }
 
@@ -1442,12 +1460,284 @@ static PyTypeObject HistogramType = {
     .tp_getset = histogram_getset,
 };
 
+/* --- a batch of finished requests ------------------------------------------------------------------------ */
+
+/* ``series.add(value)``: a compiled Histogram's record, anything else's ``add`` (the overflow, Series) */
+static int add_to(ModuleState *state, PyObject *series, PyObject *value)
+{
+    if (Py_IS_TYPE(series, &HistogramType))
+        return histogram_record((Histogram *)series, value);
+    PyObject *done = PyObject_CallMethodOneArg(series, state->add, value);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
+static int add_double(ModuleState *state, PyObject *series, double value)
+{
+    if (Py_IS_TYPE(series, &HistogramType) && ((Histogram *)series)->counts != NULL) {
+        histogram_put((Histogram *)series, value);
+        return 0;
+    }
+    PyObject *boxed = PyFloat_FromDouble(value);
+    if (boxed == NULL)
+        return -1;
+    const int done = add_to(state, series, boxed);
+    Py_DECREF(boxed);
+    return done;
+}
+
+/* ``cache.get(facts)`` or ``make(facts)`` (which keeps it in the cache), a tuple of ``size`` series: a new
+ * reference; NULL with an error */
+static PyObject *series_of(PyObject *cache, PyObject *make, PyObject *facts, Py_ssize_t size)
+{
+    PyObject *found = PyDict_GetItemWithError(cache, facts); /* borrowed */
+    if (found != NULL)
+        Py_INCREF(found);
+    else if (PyErr_Occurred() || (found = PyObject_CallOneArg(make, facts)) == NULL)
+        return NULL;
+    if (!PyTuple_Check(found) || PyTuple_GET_SIZE(found) != size) {
+        Py_DECREF(found);
+        PyErr_Format(PyExc_TypeError, "a request's series must be a tuple of %zd", size);
+        return NULL;
+    }
+    return found;
+}
+
+/* ``x or 0`` */
+static PyObject *or_zero(PyObject *value, PyObject *zero)
+{
+    const int truth = truthy(value);
+    return truth < 0 ? NULL : truth ? value : zero;
+}
+
+/* tracing.py's ``_metrics_py``: an attempt's client series, a request's server series */
+static int record_metrics(Reader *r, PyObject *f, PyObject *trace, PyObject *attempts, long long end_ns,
+                          PyObject *operation, int chat, PyObject *provider, PyObject *error_type, PyObject *hooks)
+{
+    ModuleState *state = r->state;
+    PyObject *client_cache = PyTuple_GET_ITEM(hooks, 0), *server_cache = PyTuple_GET_ITEM(hooks, 1);
+    PyObject *make_client = PyTuple_GET_ITEM(hooks, 2), *make_server = PyTuple_GET_ITEM(hooks, 3);
+    const Py_ssize_t count = PyList_GET_SIZE(attempts);
+    const int mark = r->count;
+    for (Py_ssize_t n = 0; n < count; n++) {
+        while (r->count > mark) /* the previous attempt's reads released (the list holds the attempts) */
+            Py_DECREF(r->held[--r->count]);
+        const int serving = n == count - 1;
+        PyObject *attempt = PyList_GET_ITEM(attempts, n);
+        PyObject *own_error = field(r, attempt, N_ERROR_TYPE);
+        const int own_failure = truthy(own_error);
+        if (own_failure < 0)
+            return -1;
+        PyObject *failed = own_failure ? own_error : serving ? error_type : state->empty;
+        PyObject *response_model = serving ? field(r, f, N_RESPONSE_MODEL) : state->empty;
+        PyObject *kind = field(r, attempt, N_PROVIDER_KIND), *model = field(r, attempt, N_MODEL);
+        PyObject *url = field(r, attempt, N_URL);
+        if (response_model == NULL || kind == NULL || model == NULL || url == NULL)
+            return -1;
+        PyObject *facts = PyTuple_Pack(6, operation, kind, model, response_model, url, failed);
+        if (facts == NULL || hold(r, facts) < 0)
+            return -1;
+        PyObject *series = series_of(client_cache, make_client, facts, 3);
+        if (series == NULL || hold(r, series) < 0)
+            return -1;
+        PyObject *start = field(r, attempt, N_START_NS), *end = field(r, attempt, N_END_NS);
+        if (start == NULL || end == NULL)
+            return -1;
+        const long long start_ns = PyLong_AsLongLong(start), own_end = PyLong_AsLongLong(end);
+        if ((start_ns == -1 || own_end == -1) && PyErr_Occurred())
+            return -1;
+        long long elapsed;
+        if (__builtin_sub_overflow(own_end ? own_end : end_ns, start_ns, &elapsed)) {
+            PyErr_SetString(PyExc_OverflowError, "an attempt's duration is outside int64");
+            return -1;
+        }
+        if (add_double(state, PyTuple_GET_ITEM(series, 0), (double)elapsed / 1e9) < 0)
+            return -1;
+        if (!(serving && chat && !own_failure))
+            continue;
+        PyObject *usage = field(r, f, N_USAGE);
+        if (usage == NULL)
+            return -1;
+        PyObject *input = field(r, usage, N_INPUT_TOKENS), *output = field(r, usage, N_OUTPUT_TOKENS);
+        if (input == NULL || output == NULL)
+            return -1;
+        if (input == Py_None && output == Py_None)
+            continue;
+        PyObject *zero = PyLong_FromLong(0);
+        if (zero == NULL || hold(r, zero) < 0)
+            return -1;
+        PyObject *read = or_zero(field(r, usage, N_CACHE_READ), zero);
+        PyObject *created = or_zero(field(r, usage, N_CACHE_CREATION), zero);
+        PyObject *in = or_zero(input, zero), *out = or_zero(output, zero);
+        if (read == NULL || created == NULL || in == NULL || out == NULL)
+            return -1;
+        PyObject *partial = PyNumber_Add(in, read);
+        if (partial == NULL || hold(r, partial) < 0)
+            return -1;
+        PyObject *total = PyNumber_Add(partial, created);
+        if (total == NULL || hold(r, total) < 0)
+            return -1;
+        if (add_to(state, PyTuple_GET_ITEM(series, 1), total) < 0 ||
+            add_to(state, PyTuple_GET_ITEM(series, 2), out) < 0)
+            return -1;
+    }
+    if (!chat)
+        return 0;
+    PyObject *request_model = field(r, trace, N_REQUEST_MODEL), *response_model = field(r, f, N_RESPONSE_MODEL);
+    if (request_model == NULL || response_model == NULL)
+        return -1;
+    PyObject *facts = PyTuple_Pack(4, provider, request_model, response_model, error_type);
+    if (facts == NULL || hold(r, facts) < 0)
+        return -1;
+    PyObject *series = series_of(server_cache, make_server, facts, 2);
+    if (series == NULL || hold(r, series) < 0)
+        return -1;
+    if (add_to(state, PyTuple_GET_ITEM(series, 0), field(r, f, N_DURATION)) < 0)
+        return -1;
+    PyObject *ttft = field(r, f, N_TTFT);
+    const int failed = truthy(error_type);
+    if (ttft == NULL || failed < 0)
+        return -1;
+    return ttft != Py_None && !failed ? add_to(state, PyTuple_GET_ITEM(series, 1), ttft) : 0;
+}
+
+/* tracing.py's ``_record_py``: one finished request's metrics and spans */
+static int record_one(ModuleState *state, PyObject *item, int traces, PyObject *providers, PyObject *server,
+                      PyObject *spans, PyObject *capture_build, PyObject *hooks)
+{
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
+        PyErr_SetString(PyExc_TypeError, "record(): each pending item is (finished, trace, end_ns)");
+        return -1;
+    }
+    PyObject *f = PyTuple_GET_ITEM(item, 0), *trace = PyTuple_GET_ITEM(item, 1), *end = PyTuple_GET_ITEM(item, 2);
+    Reader r;
+    r.state = state;
+    r.count = 0;
+    int result = -1;
+    PyObject *outcome = field(&r, f, N_OUTCOME), *attempts = field(&r, trace, N_ATTEMPTS_LIST);
+    if (outcome == NULL || attempts == NULL)
+        goto done;
+    if (!PyList_Check(attempts)) {
+        PyErr_SetString(PyExc_TypeError, "RequestTrace.attempts must be a list");
+        goto done;
+    }
+    const int completed = PyUnicode_Check(outcome) && PyUnicode_CompareWithASCIIString(outcome, "completed") == 0;
+    PyObject *error_type = state->empty;
+    if (!completed) {
+        PyObject *own = field(&r, trace, N_ERROR_TYPE);
+        const int truth = truthy(own);
+        if (truth < 0)
+            goto done;
+        error_type = truth ? own : outcome;
+    }
+    const Py_ssize_t count = PyList_GET_SIZE(attempts);
+    PyObject *provider = state->empty;
+    if (count) {
+        PyObject *kind = field(&r, PyList_GET_ITEM(attempts, count - 1), N_PROVIDER_KIND);
+        if (kind == NULL)
+            goto done;
+        PyObject *known = PyDict_GetItemWithError(providers, kind); /* borrowed */
+        if (known == NULL && PyErr_Occurred())
+            goto done;
+        if (known != NULL)
+            provider = known;
+    }
+    const int timed = truthy(field(&r, f, N_TIMED));
+    if (timed < 0)
+        goto done;
+    PyObject *operation = timed ? state->chat : state->count_tokens;
+    if (hooks != Py_None && count) {
+        const int routed = truthy(field(&r, f, N_ROUTED));
+        if (routed < 0)
+            goto done;
+        if (routed) {
+            const long long end_ns = PyLong_AsLongLong(end);
+            if ((end_ns == -1 && PyErr_Occurred()) ||
+                record_metrics(&r, f, trace, attempts, end_ns, operation, timed, provider, error_type, hooks) < 0)
+                goto done;
+        }
+    }
+    if (traces) {
+        PyObject *flags = field(&r, trace, N_FLAGS);
+        if (flags == NULL)
+            goto done;
+        const long sampled = PyLong_AsLong(flags);
+        if (sampled == -1 && PyErr_Occurred())
+            goto done;
+        if (sampled & 1) {
+            int answer = completed;
+            if (!answer && (answer = truthy(field(&r, f, N_ATTEMPTS))) < 0)
+                goto done;
+            const int capture = truthy(field(&r, trace, N_CAPTURE));
+            if (capture < 0)
+                goto done;
+            if (capture) {
+                PyObject *call[] = {f, trace, end, operation, provider, error_type, answer ? Py_True : Py_False,
+                                    providers, server, spans};
+                PyObject *done = PyObject_Vectorcall(capture_build, call, 10, NULL);
+                if (done == NULL)
+                    goto done;
+                Py_DECREF(done);
+            }
+            else {
+                uint64_t end_ns;
+                if (time_of(end, &end_ns) < 0 ||
+                    spans_of(state, f, trace, end_ns, operation, provider, error_type, answer, providers, server,
+                             spans) < 0)
+                    goto done;
+            }
+        }
+    }
+    result = 0;
+done:
+    reader_release(&r);
+    return result;
+}
+
+PyDoc_STRVAR(record_doc,
+"record(pending, traces, providers, server, spans, capture_build, hooks, /)\n\n"
+"tracing.py's ``_record_batch_py``, compiled: for each ``(finished, trace, end_ns)`` of ``pending``, its GenAI\n"
+"metrics (``hooks``: None, or (client series cache, server series cache, make client series, make server\n"
+"series)) and, when ``traces`` and the trace is sampled, its spans appended to ``spans`` (``capture_build``\n"
+"writes those of a trace that captures content).");
+
+static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "record() takes exactly 7 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *pending = args[0], *providers = args[2], *server = args[3], *spans = args[4], *hooks = args[6];
+    if (!PyList_Check(pending) || !PyList_Check(spans) || !PyDict_Check(providers)) {
+        PyErr_SetString(PyExc_TypeError, "record(): pending and spans must be lists, providers a dict");
+        return NULL;
+    }
+    if (hooks != Py_None && (!PyTuple_Check(hooks) || PyTuple_GET_SIZE(hooks) != 4 ||
+                             !PyDict_Check(PyTuple_GET_ITEM(hooks, 0)) || !PyDict_Check(PyTuple_GET_ITEM(hooks, 1)))) {
+        PyErr_SetString(PyExc_TypeError, "record(): hooks must be None or (dict, dict, make client, make server)");
+        return NULL;
+    }
+    const int traces = PyObject_IsTrue(args[1]);
+    if (traces < 0)
+        return NULL;
+    ModuleState *state = module_state(module);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pending); i++) {
+        PyObject *item = Py_NewRef(PyList_GET_ITEM(pending, i));
+        const int done = record_one(state, item, traces, providers, server, spans, args[5], hooks);
+        Py_DECREF(item);
+        if (done < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* --- the module ---------------------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
     {"attributes", (PyCFunction)(void (*)(void))attributes, METH_FASTCALL, attributes_doc},
     {"span", (PyCFunction)(void (*)(void))span, METH_FASTCALL, span_doc},
     {"request_spans", (PyCFunction)(void (*)(void))request_spans, METH_FASTCALL, request_spans_doc},
+    {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, record_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1465,6 +1755,11 @@ static int exec_module(PyObject *module)
         if ((state->names[i] = PyUnicode_InternFromString(NAMES[i])) == NULL)
             return -1;
     }
+    if ((state->chat = PyUnicode_InternFromString("chat")) == NULL ||
+        (state->count_tokens = PyUnicode_InternFromString("count_tokens")) == NULL ||
+        (state->empty = PyUnicode_InternFromString("")) == NULL ||
+        (state->add = PyUnicode_InternFromString("add")) == NULL)
+        return -1;
     if (PyType_Ready(&HistogramType) < 0)
         return -1;
     return PyModule_AddObjectRef(module, "Histogram", (PyObject *)&HistogramType);
@@ -1477,6 +1772,10 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
         Py_VISIT(module_state(module)->names[i]);
     for (int i = 0; i < module_state(module)->layout_count; i++)
         Py_VISIT(module_state(module)->layouts[i].type);
+    Py_VISIT(module_state(module)->chat);
+    Py_VISIT(module_state(module)->count_tokens);
+    Py_VISIT(module_state(module)->empty);
+    Py_VISIT(module_state(module)->add);
     return 0;
 }
 
@@ -1488,6 +1787,10 @@ static int module_clear(PyObject *module)
     for (int i = 0; i < module_state(module)->layout_count; i++)
         Py_CLEAR(module_state(module)->layouts[i].type);
     module_state(module)->layout_count = 0;
+    Py_CLEAR(module_state(module)->chat);
+    Py_CLEAR(module_state(module)->count_tokens);
+    Py_CLEAR(module_state(module)->empty);
+    Py_CLEAR(module_state(module)->add);
     return 0;
 }
 

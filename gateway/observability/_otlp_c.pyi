@@ -1,8 +1,10 @@
 """The OTLP encoder's attributes and spans, compiled (gateway/observability/_otlp_c.c): the same bytes as
 ``otlp_proto._attributes`` and ``otlp_proto._span``, and a request's spans as ``tracing._request_spans_py``
-makes them; and ``Histogram``, ``genai_metrics.Series`` in C."""
+makes them; ``record``, a batch of finished requests' metrics and spans as ``tracing._record_batch_py`` records
+them; and ``Histogram``, ``genai_metrics.Series`` in C."""
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 def attributes(attributes: Mapping[str, object], tag: int, /) -> bytes: ...
 def span(
@@ -32,6 +34,16 @@ def request_spans(
     providers: dict[str, str],
     server: Callable[[str], tuple[str, int]],
     spans: list[bytes],
+    /,
+) -> None: ...
+def record(
+    pending: list[tuple[object, object, int]],
+    traces: bool,
+    providers: dict[str, str],
+    server: Callable[[str], tuple[str, int]],
+    spans: list[bytes],
+    capture_build: Callable[..., None],
+    hooks: tuple[dict[Any, Any], dict[Any, Any], Callable[[Any], Any], Callable[[Any], Any]] | None,
     /,
 ) -> None: ...
 

@@ -276,71 +276,109 @@ class Tracer:
         """Build the spans and metrics of the requests set aside (the exporter calls this before it exports)."""
         pending, self._pending = self._pending, []
         spans: list[bytes] = []
-        for f, trace, end_ns in pending:
-            self._record(f, trace, end_ns, spans)
+        _record_batch(pending, self.traces, GEN_AI_PROVIDERS, _server, spans, _request_spans_py, self._hooks)
         if spans:
             self.exporter.submit(spans)  # the batch's spans in one hand-over
 
-    def _record(self, f: Finished, trace: RequestTrace, end_ns: int, spans: list[bytes]) -> None:
-        """A request's GenAI metrics, and its spans (when sampled) added to ``spans``."""
+    @property
+    def _hooks(self) -> MetricHooks | None:
+        """Where the GenAI metrics of a batch go: the series caches and what fills them (None: no metrics)."""
+        if self.genai is None:
+            return None
+        return (self._client_series, self._server_series, self._client_for, self._server_for)
+
+    def _client_for(self, facts: tuple[str, ...]) -> tuple[Any, Any, Any]:
+        """The series of an attempt's client metrics with these facts, kept for the next request's."""
+        assert self.genai is not None
+        series = self._client_series[facts] = _client_series(self.genai, facts)  # type: ignore[arg-type]
+        if len(self._client_series) > _MAX_CACHED:
+            self._client_series.clear()
+        return series
+
+    def _server_for(self, facts: tuple[str, ...]) -> tuple[Any, Any]:
+        """The series of a request's server metrics with these facts, kept for the next request's."""
+        assert self.genai is not None
+        series = self._server_series[facts] = _server_series(self.genai, facts)  # type: ignore[arg-type]
+        if len(self._server_series) > _MAX_CACHED:
+            self._server_series.clear()
+        return series
+
+
+MetricHooks = tuple[
+    dict[tuple[str, ...], tuple[Any, Any, Any]],
+    dict[tuple[str, ...], tuple[Any, Any]],
+    Callable[[tuple[str, ...]], tuple[Any, Any, Any]],
+    Callable[[tuple[str, ...]], tuple[Any, Any]],
+]
+"""The client series cache, the server series cache, and what makes (and caches) a missing one of each."""
+
+
+def _record_batch_py(
+    pending: list[tuple[Finished, RequestTrace, int]],
+    traces: bool,
+    providers: Mapping[str, str],
+    server: Callable[[str], tuple[str, int]],
+    spans: list[bytes],
+    capture_build: Callable[..., None],
+    hooks: MetricHooks | None,
+) -> None:
+    """Each finished request's GenAI metrics (``hooks``), and its spans (when sampled) added to ``spans``: the
+    reference of ``_otlp_c.record``, which does the same in C (tests/unit/test_tracing_batch.py compares them)."""
+    for f, trace, end_ns in pending:
         completed = f.outcome == "completed"
         error_type = "" if completed else (trace.error_type or f.outcome)
         attempts = trace.attempts
-        provider = GEN_AI_PROVIDERS.get(attempts[-1].provider_kind, "") if attempts else ""
+        provider = providers.get(attempts[-1].provider_kind, "") if attempts else ""
         operation = "chat" if f.timed else "count_tokens"
-        genai = self.genai
-        if genai is not None and f.routed and attempts:
-            self._metrics(genai, f, trace, operation, provider, error_type, end_ns)
-        if not (self.traces and trace.flags & _TRACE_FLAG_SAMPLED):
-            return
+        if hooks is not None and attempts and f.routed:
+            _metrics_py(hooks, f, trace, operation, provider, error_type, end_ns)
+        if not (traces and trace.flags & _TRACE_FLAG_SAMPLED):
+            continue
         answer = completed or bool(f.attempts)  # the answer's attributes: the SERVER span's and the serving CLIENT's
-        build = _request_spans_py if trace.capture else _request_spans
-        build(f, trace, end_ns, operation, provider, error_type, answer, GEN_AI_PROVIDERS, _server, spans)
+        build = capture_build if trace.capture else _request_spans
+        build(f, trace, end_ns, operation, provider, error_type, answer, providers, server, spans)
 
-    def _metrics(
-        self,
-        genai: GenAiMetrics,
-        f: Finished,
-        trace: RequestTrace,
-        operation: str,
-        provider: str,
-        error_type: str,
-        end_ns: int,
-    ) -> None:
-        """``gen_ai.client.*`` per upstream attempt (the gateway is the provider's client), ``gen_ai.server.*`` per
-        request (it is its clients' server), with the attributes the convention lists for each. The attribute sets
-        of a request's series are looked up once, by the facts they are made of."""
-        last = len(trace.attempts) - 1
-        for n, attempt in enumerate(trace.attempts):
-            serving = n == last
-            failed = attempt.error_type or (error_type if serving else "")
-            response_model = f.response_model if serving else ""
-            facts = (operation, attempt.provider_kind, attempt.model, response_model, attempt.url, failed)
-            series = self._client_series.get(facts)
-            if series is None:
-                series = self._client_series[facts] = _client_series(genai, facts)
-                if len(self._client_series) > _MAX_CACHED:
-                    self._client_series.clear()
-            duration, tokens_in, tokens_out = series
-            duration.add(((attempt.end_ns or end_ns) - attempt.start_ns) / 1e9)
-            if serving and operation == "chat" and not attempt.error_type:
-                usage = f.usage
-                if usage.input_tokens is not None or usage.output_tokens is not None:
-                    read, created = usage.cache_read_input_tokens or 0, usage.cache_creation_input_tokens or 0
-                    tokens_in.add((usage.input_tokens or 0) + read + created)
-                    tokens_out.add(usage.output_tokens or 0)
-        if operation != "chat":
-            return
-        request_facts = (provider, trace.request_model, f.response_model, error_type)
-        found = self._server_series.get(request_facts)
-        if found is None:
-            found = self._server_series[request_facts] = _server_series(genai, request_facts)
-            if len(self._server_series) > _MAX_CACHED:
-                self._server_series.clear()
-        duration, first_token = found
-        duration.add(f.duration)
-        if f.ttft is not None and not error_type:
-            first_token.add(f.ttft)
+
+def _metrics_py(
+    hooks: MetricHooks,
+    f: Finished,
+    trace: RequestTrace,
+    operation: str,
+    provider: str,
+    error_type: str,
+    end_ns: int,
+) -> None:
+    """``gen_ai.client.*`` per upstream attempt (the gateway is the provider's client), ``gen_ai.server.*`` per
+    request (it is its clients' server), with the attributes the convention lists for each. The attribute sets
+    of a request's series are looked up once, by the facts they are made of."""
+    client_cache, server_cache, make_client, make_server = hooks
+    last = len(trace.attempts) - 1
+    for n, attempt in enumerate(trace.attempts):
+        serving = n == last
+        failed = attempt.error_type or (error_type if serving else "")
+        response_model = f.response_model if serving else ""
+        facts = (operation, attempt.provider_kind, attempt.model, response_model, attempt.url, failed)
+        series = client_cache.get(facts)
+        if series is None:
+            series = make_client(facts)
+        duration, tokens_in, tokens_out = series
+        duration.add(((attempt.end_ns or end_ns) - attempt.start_ns) / 1e9)
+        if serving and operation == "chat" and not attempt.error_type:
+            usage = f.usage
+            if usage.input_tokens is not None or usage.output_tokens is not None:
+                read, created = usage.cache_read_input_tokens or 0, usage.cache_creation_input_tokens or 0
+                tokens_in.add((usage.input_tokens or 0) + read + created)
+                tokens_out.add(usage.output_tokens or 0)
+    if operation != "chat":
+        return
+    request_facts = (provider, trace.request_model, f.response_model, error_type)
+    found = server_cache.get(request_facts)
+    if found is None:
+        found = make_server(request_facts)
+    duration, first_token = found
+    duration.add(f.duration)
+    if f.ttft is not None and not error_type:
+        first_token.add(f.ttft)
 
 
 def _request_spans_py(
@@ -461,10 +499,13 @@ def _client_span(
 
 
 _request_spans: Callable[..., None]
+_record_batch: Callable[..., None]
 try:  # the same, compiled (setup.py builds it when there is a C compiler)
+    from gateway.observability._otlp_c import record as _record_batch
     from gateway.observability._otlp_c import request_spans as _request_spans
 except ImportError:  # pragma: no cover - no compiler where it was installed
     _request_spans = _request_spans_py
+    _record_batch = _record_batch_py
 
 
 _MAX_CACHED = 4096  # attribute groups remembered (then forgotten all at once: they are rebuilt as needed)
