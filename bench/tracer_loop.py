@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.observability.otlp_export import ExportCounters, MemoryTransport, OtlpExporter, export_config
 from gateway.observability.recording import Finished
-from gateway.observability.tracing import RequestTrace, Tracer
+from gateway.observability.tracing import RequestTrace, Tracer, new_attempt
 from gateway.settings import parse_settings
 from gateway.wire.events import Usage
 from gateway.wire.request import MessagesHead, parse_messages
@@ -72,7 +72,7 @@ def request_side(tracer: Tracer, head: MessagesHead) -> RequestTrace:
     trace = tracer.start(HEADERS)
     trace.route = "/v1/messages"
     trace.request("claude-sonnet-4-6", BODY, head)
-    span = trace.attempt("up", "anthropic", "claude-sonnet-4-6")  # with its traceparent, as the pipeline's
+    span = new_attempt(trace, "up", "anthropic", "claude-sonnet-4-6")  # with its traceparent, as the pipeline's
     span.url = "http://127.0.0.1:9000/v1/messages"
     return trace
 

@@ -42,6 +42,7 @@ typedef struct {
     Layout layouts[LAYOUTS]; /* of the types it read (Finished, Usage, RequestTrace, AttemptSpan) */
     int layout_count;
     PyObject *chat, *count_tokens, *empty, *add; /* record's strings, interned */
+    PyObject *trace_type, *attempt_type, *getrandbits; /* bind(): new_trace's and attempt's */
 } ModuleState;
 
 static ModuleState *module_state(PyObject *module) { return (ModuleState *)PyModule_GetState(module); }
@@ -1731,6 +1732,173 @@ static PyObject *record(PyObject *module, PyObject *const *args, Py_ssize_t narg
     Py_RETURN_NONE;
 }
 
+/* --- a request's trace and its attempts -------------------------------------------------------------------- */
+
+PyDoc_STRVAR(bind_doc,
+"bind(trace_type, attempt_type, getrandbits, /)\n\n"
+"What ``new_trace`` and ``attempt`` make (tracing.RequestTrace, tracing.AttemptSpan) and draw their ids from\n"
+"(``random.getrandbits``: the module's generator, reseeded in a forked child).");
+
+static PyObject *bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "bind(trace_type, attempt_type, getrandbits)");
+        return NULL;
+    }
+    ModuleState *state = module_state(module);
+    Py_XSETREF(state->trace_type, Py_NewRef(args[0]));
+    Py_XSETREF(state->attempt_type, Py_NewRef(args[1]));
+    Py_XSETREF(state->getrandbits, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
+/* ``getrandbits(8 * size)`` as ``size`` big-endian bytes; -1 with an error */
+static int draw_bits(ModuleState *state, unsigned char *out, int size)
+{
+    if (state->getrandbits == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_otlp_c: bind() was not called");
+        return -1;
+    }
+    PyObject *bits = PyLong_FromLong(8L * size);
+    if (bits == NULL)
+        return -1;
+    PyObject *drawn = PyObject_CallOneArg(state->getrandbits, bits);
+    Py_DECREF(bits);
+    if (drawn == NULL)
+        return -1;
+    if (!PyLong_Check(drawn)) {
+        Py_DECREF(drawn);
+        PyErr_SetString(PyExc_TypeError, "getrandbits() must return an int");
+        return -1;
+    }
+    const int done = _PyLong_AsByteArray((PyLongObject *)drawn, out, (size_t)size, 0, 0);
+    Py_DECREF(drawn);
+    return done;
+}
+
+PyDoc_STRVAR(new_trace_doc,
+"new_trace(bound, capture, /)\n\n"
+"``Tracer.start``'s new trace (no caller's traceparent), as its Python code makes it: the trace id and the SERVER\n"
+"span's from one draw of 192 bits (a span id of zeros made 1), sampled when the trace id's low 64 bits are\n"
+"below ``bound`` (2**64: always), ``capture`` set on a sampled trace.");
+
+static PyObject *new_trace(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "new_trace() takes exactly 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    ModuleState *state = module_state(module);
+    if (!PyLong_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "new_trace(): the bound must be an int");
+        return NULL;
+    }
+    int always = 0; /* a bound of 2**64 or more */
+    unsigned long long bound = PyLong_AsUnsignedLongLong(args[0]);
+    if (bound == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();
+        always = _PyLong_Sign(args[0]) > 0; /* a negative bound: never */
+        bound = 0;
+    }
+    const int capture = PyObject_IsTrue(args[1]);
+    if (capture < 0)
+        return NULL;
+    unsigned char ids[24];
+    if (draw_bits(state, ids, 24) < 0)
+        return NULL;
+    int zero = 1;
+    for (int i = 16; i < 24; i++)
+        zero &= ids[i] == 0;
+    if (zero)
+        ids[23] = 1;
+    uint64_t sample = 0;
+    for (int i = 8; i < 16; i++)
+        sample = sample << 8 | ids[i];
+    const int sampled = always || sample < bound;
+    PyObject *trace_id = PyBytes_FromStringAndSize((const char *)ids, 16);
+    PyObject *span_id = PyBytes_FromStringAndSize((const char *)ids + 16, 8);
+    PyObject *parent = PyBytes_FromStringAndSize(NULL, 0);
+    PyObject *flags = PyLong_FromLong(sampled ? 1 : 0);
+    PyObject *trace = NULL;
+    if (trace_id != NULL && span_id != NULL && parent != NULL && flags != NULL) {
+        PyObject *call[] = {trace_id, parent, flags, state->empty, span_id};
+        trace = PyObject_Vectorcall(state->trace_type, call, 5, NULL);
+        if (trace != NULL && capture && sampled && PyObject_SetAttrString(trace, "capture", Py_True) < 0)
+            Py_CLEAR(trace);
+    }
+    Py_XDECREF(trace_id);
+    Py_XDECREF(span_id);
+    Py_XDECREF(parent);
+    Py_XDECREF(flags);
+    return trace;
+}
+
+PyDoc_STRVAR(attempt_doc,
+"attempt(trace, provider, provider_kind, model, /)\n\n"
+"``RequestTrace.attempt``, compiled: a new attempt's span (its id from one draw of 64 bits, zeros made 1) with\n"
+"its traceparent, appended to the trace's attempts.");
+
+static PyObject *attempt(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "attempt() takes exactly 4 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    ModuleState *state = module_state(module);
+    Reader r;
+    r.state = state;
+    r.count = 0;
+    PyObject *span = NULL;
+    PyObject *trace = args[0];
+    Py_ssize_t trace_length;
+    const char *trace_id = bytes_of(field(&r, trace, N_TRACE_ID), &trace_length, "RequestTrace.trace_id");
+    PyObject *flags = field(&r, trace, N_FLAGS), *attempts = field(&r, trace, N_ATTEMPTS_LIST);
+    if (trace_id == NULL || flags == NULL || attempts == NULL)
+        goto done;
+    if (trace_length != 16) {
+        PyErr_SetString(PyExc_ValueError, "RequestTrace.trace_id must be 16 bytes");
+        goto done;
+    }
+    if (!PyList_Check(attempts) || !PyLong_Check(flags)) {
+        PyErr_SetString(PyExc_TypeError, "RequestTrace: attempts must be a list, flags an int");
+        goto done;
+    }
+    const long flag_bits = PyLong_AsLong(flags);
+    if (flag_bits == -1 && PyErr_Occurred())
+        goto done;
+    unsigned char id[8];
+    if (draw_bits(state, id, 8) < 0)
+        goto done;
+    if (!(id[0] | id[1] | id[2] | id[3] | id[4] | id[5] | id[6] | id[7]))
+        id[7] = 1;
+    static const char hex[] = "0123456789abcdef";
+    char text[55]; /* 00-{32 hex}-{16 hex}-{2 hex} */
+    char *p = text;
+    *p++ = '0', *p++ = '0', *p++ = '-';
+    for (Py_ssize_t i = 0; i < 16; i++)
+        *p++ = hex[(unsigned char)trace_id[i] >> 4], *p++ = hex[(unsigned char)trace_id[i] & 15];
+    *p++ = '-';
+    for (int i = 0; i < 8; i++)
+        *p++ = hex[id[i] >> 4], *p++ = hex[id[i] & 15];
+    *p++ = '-';
+    *p++ = hex[(flag_bits >> 4) & 15], *p++ = hex[flag_bits & 15];
+    PyObject *span_id = PyBytes_FromStringAndSize((const char *)id, 8);
+    PyObject *traceparent = PyUnicode_FromStringAndSize(text, p - text);
+    if (span_id != NULL && traceparent != NULL) {
+        PyObject *call[] = {span_id, args[1], args[2], args[3], traceparent};
+        span = PyObject_Vectorcall(state->attempt_type, call, 5, NULL);
+        if (span != NULL && PyList_Append(attempts, span) < 0)
+            Py_CLEAR(span);
+    }
+    Py_XDECREF(span_id);
+    Py_XDECREF(traceparent);
+done:
+    reader_release(&r);
+    return span;
+}
+
 /* --- the module ---------------------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1738,6 +1906,9 @@ static PyMethodDef methods[] = {
     {"span", (PyCFunction)(void (*)(void))span, METH_FASTCALL, span_doc},
     {"request_spans", (PyCFunction)(void (*)(void))request_spans, METH_FASTCALL, request_spans_doc},
     {"record", (PyCFunction)(void (*)(void))record, METH_FASTCALL, record_doc},
+    {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL, bind_doc},
+    {"new_trace", (PyCFunction)(void (*)(void))new_trace, METH_FASTCALL, new_trace_doc},
+    {"attempt", (PyCFunction)(void (*)(void))attempt, METH_FASTCALL, attempt_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1776,6 +1947,9 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(module_state(module)->count_tokens);
     Py_VISIT(module_state(module)->empty);
     Py_VISIT(module_state(module)->add);
+    Py_VISIT(module_state(module)->trace_type);
+    Py_VISIT(module_state(module)->attempt_type);
+    Py_VISIT(module_state(module)->getrandbits);
     return 0;
 }
 
@@ -1791,6 +1965,9 @@ static int module_clear(PyObject *module)
     Py_CLEAR(module_state(module)->count_tokens);
     Py_CLEAR(module_state(module)->empty);
     Py_CLEAR(module_state(module)->add);
+    Py_CLEAR(module_state(module)->trace_type);
+    Py_CLEAR(module_state(module)->attempt_type);
+    Py_CLEAR(module_state(module)->getrandbits);
     return 0;
 }
 

@@ -189,6 +189,33 @@ class RequestTrace(msgspec.Struct, gc=False):
 _getrandbits = random.getrandbits
 
 
+def _new_trace_py(bound: int, capture: bool) -> RequestTrace:
+    """A new trace (no caller's ``traceparent``): its trace and SERVER span ids from one draw of 192 random bits,
+    sampled when the trace id's low 64 bits are below ``bound`` (OpenTelemetry's TraceIdRatioBased), capturing
+    content when asked and sampled. The reference of ``_otlp_c.new_trace`` (tests/unit/test_tracing_ids.py)."""
+    bits = _getrandbits(192)
+    if not bits & _M64:  # a span id of zeros is invalid (W3C): one in 2**64
+        bits |= 1
+    ids = bits.to_bytes(24, "big")
+    sampled = bound >= _ALWAYS or (bits >> 64) & _M64 < bound
+    trace = RequestTrace(ids[:16], b"", _TRACE_FLAG_SAMPLED if sampled else 0, "", ids[16:])
+    if capture and sampled:
+        trace.capture = True
+    return trace
+
+
+_new_trace: Callable[[int, bool], RequestTrace]
+new_attempt: Callable[[RequestTrace, str, str, str], AttemptSpan]
+"""A traced request's new attempt (``RequestTrace.attempt``: compiled when built)."""
+try:  # compiled (setup.py builds it when there is a C compiler): the same objects from the same draws
+    from gateway.observability import _otlp_c
+
+    _otlp_c.bind(RequestTrace, AttemptSpan, _getrandbits)
+    _new_trace, new_attempt = _otlp_c.new_trace, _otlp_c.attempt
+except ImportError:  # pragma: no cover - no compiler where it was installed
+    _new_trace, new_attempt = _new_trace_py, RequestTrace.attempt
+
+
 FLUSH_AT = 32
 """Finished requests set aside before their spans and metrics are built together: ~10 µs each, so a batch holds the
 event loop ~0.3 ms — once per 32 requests, after the one that completed it."""
@@ -237,22 +264,16 @@ class Tracer:
 
     def start(self, headers: Mapping[str, str]) -> RequestTrace:
         """The trace of a request that just arrived: the caller's (``traceparent``/``tracestate``) or a new one
-        (its trace and SERVER span ids from one draw of 192 random bits)."""
+        (``_new_trace``)."""
         value = headers.get("traceparent")
         parent = parse_traceparent(value) if value else None
-        if parent is not None:
-            trace_id, parent_id, flags = parent
-            state = headers.get("tracestate", "")
-            state = state if len(state) <= _MAX_TRACESTATE else ""
-            bits = _getrandbits(64) or 1
-            trace = RequestTrace(trace_id, parent_id, flags & 0xFF, state, bits.to_bytes(8, "big"))
-        else:
-            bits = _getrandbits(192)
-            if not bits & _M64:  # a span id of zeros is invalid (W3C): one in 2**64
-                bits |= 1
-            ids = bits.to_bytes(24, "big")
-            sampled = self._bound >= _ALWAYS or (bits >> 64) & _M64 < self._bound  # the trace id's low 64 bits
-            trace = RequestTrace(ids[:16], b"", _TRACE_FLAG_SAMPLED if sampled else 0, "", ids[16:])
+        if parent is None:
+            return _new_trace(self._bound, self.capture)
+        trace_id, parent_id, flags = parent
+        state = headers.get("tracestate", "")
+        state = state if len(state) <= _MAX_TRACESTATE else ""
+        bits = _getrandbits(64) or 1
+        trace = RequestTrace(trace_id, parent_id, flags & 0xFF, state, bits.to_bytes(8, "big"))
         if self.capture and trace.flags & _TRACE_FLAG_SAMPLED:
             trace.capture = True
         return trace

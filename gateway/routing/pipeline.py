@@ -17,6 +17,7 @@ import msgspec
 
 from adapters.base import NOT_JSON, EventStream, JsonReply
 from gateway.observability.metrics import Metrics
+from gateway.observability.tracing import new_attempt
 from gateway.observability.usage import Outcome, UsageTally
 from gateway.routing.balance import TargetHealth, hinted_delay
 from gateway.routing.resilience import Resilience
@@ -178,7 +179,7 @@ def _attempt_span(trace: RequestTrace | None, request: ProxyRequest, target: Tar
     """A traced attempt's CLIENT span, its ``traceparent`` set for the provider (None: not traced)."""
     if trace is None:
         return None
-    span = request.span = trace.attempt(target.provider, target.adapter.kind, model)
+    span = request.span = new_attempt(trace, target.provider, target.adapter.kind, model)
     request.traceparent = span.traceparent
     return span
 

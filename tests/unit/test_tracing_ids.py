@@ -1,0 +1,106 @@
+"""A new trace and an attempt made in C (``_otlp_c.new_trace``, ``_otlp_c.attempt``) and in Python
+(``tracing._new_trace_py``, ``RequestTrace.attempt``, the references): from the same draws of ``random`` (seeded
+alike), the same ids, flags, sampling, capture and ``traceparent``, for any bound Hypothesis draws; the draw that
+makes a span id of zeros made 1 on both; and a forked child's ids are not its parent's.
+
+Skipped when the extension was not built, unless MESSAGES_GATEWAY_REQUIRE_EXTENSION is set: then they fail."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.observability import tracing
+from gateway.observability.tracing import AttemptSpan, RequestTrace, _new_trace_py, parse_traceparent
+from tests.unit.test_tracing_spans import REQUIRE_EXTENSION, C
+
+pytestmark = pytest.mark.skipif(
+    C is None and not REQUIRE_EXTENSION, reason="gateway.observability._otlp_c is not built: nothing to compare"
+)
+
+bounds = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([0, 1, 2**63 - 1, 2**63, 2**63 + 1, 2**64 - 1, 2**64, 2**64 + 1, -1]),
+)
+
+
+def _fields(trace: RequestTrace) -> tuple[object, ...]:
+    return (trace.trace_id, trace.parent_id, trace.flags, trace.trace_state, trace.span_id, trace.capture)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(bounds, st.booleans(), st.integers(0, 2**32), st.lists(st.tuples(st.text(max_size=8), st.text(max_size=8))))
+def test_the_compiled_trace_and_attempts_are_the_reference_ones(
+    bound: int, capture: bool, seed: int, attempts: list[tuple[str, str]]
+) -> None:
+    random.seed(seed)
+    python = _new_trace_py(bound, capture)
+    made = [RequestTrace.attempt(python, provider, "anthropic", model) for provider, model in attempts]
+    random.seed(seed)
+    compiled = C.new_trace(bound, capture)
+    same = [C.attempt(compiled, provider, "anthropic", model) for provider, model in attempts]
+    assert type(compiled) is RequestTrace and _fields(compiled) == _fields(python)
+    assert compiled.sampled == (bound >= 2**64 or int.from_bytes(python.trace_id[8:], "big") < bound)
+    assert compiled.attempts == same and len(same) == len(made)
+    for a, b in zip(made, same, strict=True):
+        assert type(b) is AttemptSpan
+        assert (a.span_id, a.provider, a.provider_kind, a.model, a.traceparent) == (
+            b.span_id,
+            b.provider,
+            b.provider_kind,
+            b.model,
+            b.traceparent,
+        )
+        assert b.traceparent == compiled.traceparent(b)
+        assert parse_traceparent(b.traceparent) == (compiled.trace_id, b.span_id, compiled.flags)
+
+
+class _Zeros:
+    """``getrandbits`` whose next draw is all zeros."""
+
+    def __call__(self, bits: int) -> int:
+        return 0
+
+
+def test_a_span_id_of_zeros_is_made_one_alike() -> None:
+    zeros = _Zeros()
+    old = tracing._getrandbits
+    try:
+        tracing._getrandbits = zeros
+        python = _new_trace_py(2**64, False)
+        C.bind(RequestTrace, AttemptSpan, zeros)
+        compiled = C.new_trace(2**64, False)
+        assert python.span_id == compiled.span_id == bytes(7) + b"\x01"
+        assert C.attempt(compiled, "p", "anthropic", "m").span_id == bytes(7) + b"\x01"
+        assert RequestTrace.attempt(python, "p", "anthropic", "m").span_id == bytes(7) + b"\x01"
+    finally:
+        tracing._getrandbits = old
+        C.bind(RequestTrace, AttemptSpan, old)
+
+
+def test_what_cannot_be_made_is_refused() -> None:
+    with pytest.raises(TypeError):
+        C.new_trace(1.0, False)
+    trace = C.new_trace(2**64, False)
+    trace.trace_id = b"short"
+    with pytest.raises(ValueError, match="16 bytes"):
+        C.attempt(trace, "p", "anthropic", "m")
+    assert trace.attempts == []
+
+
+def test_the_tracer_makes_traces_and_attempts_in_c_and_a_forked_child_draws_its_own() -> None:
+    assert tracing._new_trace is C.new_trace and tracing.new_attempt is C.attempt
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first trace id, to the parent
+        os.write(write, C.new_trace(2**64, False).trace_id)
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 16)
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert len(child) == 16 and child != C.new_trace(2**64, False).trace_id
