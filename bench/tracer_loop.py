@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.observability.otlp_export import ExportCounters, MemoryTransport, OtlpExporter, export_config
 from gateway.observability.recording import Finished
-from gateway.observability.tracing import RequestTrace, Tracer, new_attempt
+from gateway.observability.tracing import RequestTrace, SpanSink, Tracer, new_attempt, note_request
 from gateway.settings import parse_settings
 from gateway.wire.events import Usage
 from gateway.wire.request import MessagesHead, parse_messages
@@ -71,7 +71,7 @@ def finished(trace: RequestTrace) -> Finished:
 def request_side(tracer: Tracer, head: MessagesHead) -> RequestTrace:
     trace = tracer.start(HEADERS)
     trace.route = "/v1/messages"
-    trace.request("claude-sonnet-4-6", BODY, head)
+    note_request(trace, "claude-sonnet-4-6", head)  # as RequestContext.traced does
     span = new_attempt(trace, "up", "anthropic", "claude-sonnet-4-6")  # with its traceparent, as the pipeline's
     span.url = "http://127.0.0.1:9000/v1/messages"
     return trace
@@ -93,6 +93,7 @@ def main() -> None:
     head = parse_messages(BODY)
     tracer = make_tracer()
     queue = tracer.exporter._queue
+    sink = SpanSink(tracer)  # the recording seam's, as served
     traces = [request_side(tracer, head) for _ in range(64)]
     records = [(finished(t), t) for t in traces]
 
@@ -102,15 +103,15 @@ def main() -> None:
 
     def records_only(n: int) -> None:
         for i in range(n):
-            f, t = records[i & 63]
-            tracer.record(f, t)
+            f, _ = records[i & 63]
+            sink.record(f)
         tracer.flush()
         queue.clear()
 
     def whole(n: int) -> None:
         for _ in range(n):
             t = request_side(tracer, head)
-            tracer.record(finished(t), t)
+            sink.record(finished(t))
         tracer.flush()
         queue.clear()
 

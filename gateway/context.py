@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gateway.observability.tracing import note_request
+
 if TYPE_CHECKING:
     from gateway.governance.keys import ClientKey
     from gateway.governance.limits import Lease
@@ -99,8 +101,9 @@ class RequestContext:
 
     def traced(self, model: str, body: bytes, head: MessagesHead | None) -> None:
         """The request as its client sent it, for its spans (when traced)."""
-        if self.trace is not None:
-            self.trace.request(model, body, head)
+        trace = self.trace
+        if trace is not None and note_request(trace, model, head):  # (compiled) and whether it captures content
+            trace.capture_input(body)
 
     def failed(self, error_type: str) -> None:
         """The error its client is answered with, for its spans (when traced)."""

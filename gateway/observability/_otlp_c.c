@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include <time.h>
 
 /* The largest body this module measures: far enough below PY_SSIZE_T_MAX that adding a field's header
  * (at most 11 bytes) and one more field's size to a size under it never overflows. */
@@ -737,6 +738,7 @@ enum {
     N_TRACE_ID, N_SPAN_ID, N_PARENT_ID, N_TRACE_STATE, N_FLAGS, N_START_NS, N_ROUTE, N_REQUEST_MODEL, N_PARAMS,
     N_ATTEMPTS_LIST, N_END_NS, N_ERROR_TYPE, N_PROVIDER_KIND, N_URL,
     N_TIMED, N_ROUTED, N_CAPTURE, N_DURATION,
+    N_MAX_TOKENS, N_TEMPERATURE, N_TOP_P, N_TOP_K, N_STOP_SEQUENCES, N_TRACE,
     N_COUNT
 };
 _Static_assert(N_COUNT <= 64, "ModuleState.names holds 64");
@@ -748,6 +750,7 @@ static const char *const NAMES[N_COUNT] = {
     "trace_id", "span_id", "parent_id", "trace_state", "flags", "start_ns", "route", "request_model", "params",
     "attempts", "end_ns", "error_type", "provider_kind", "url",
     "timed", "routed", "capture", "duration",
+    "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "trace",
 };
 
 /* A growing buffer: on the stack, then PyMem */
@@ -1899,6 +1902,129 @@ done:
     return span;
 }
 
+/* ``float(value) if type(value) is float or type(value) is int else None``: a new reference */
+static PyObject *double_or_none(PyObject *value)
+{
+    if (value == NULL)
+        return NULL;
+    if (PyFloat_CheckExact(value))
+        return Py_NewRef(value);
+    if (PyLong_CheckExact(value)) {
+        const double d = PyLong_AsDouble(value);
+        return d == -1.0 && PyErr_Occurred() ? NULL : PyFloat_FromDouble(d);
+    }
+    return Py_NewRef(Py_None);
+}
+
+PyDoc_STRVAR(request_doc,
+"request(trace, model, head, /)\n\n"
+"``RequestTrace.request`` without the content capture, compiled: the client's model and the parameters the\n"
+"spans carry (from ``head``, a MessagesHead, or None) set on the trace; returns whether the trace captures\n"
+"content (then the caller captures it).");
+
+static PyObject *request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "request() takes exactly 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    ModuleState *state = module_state(module);
+    PyObject *trace = args[0], *head = args[2];
+    if (PyObject_SetAttr(trace, state->names[N_REQUEST_MODEL], args[1]) < 0)
+        return NULL;
+    Reader r;
+    r.state = state;
+    r.count = 0;
+    PyObject *result = NULL;
+    if (head != Py_None) {
+        PyObject *stop = field(&r, head, N_STOP_SEQUENCES), *max_tokens = field(&r, head, N_MAX_TOKENS);
+        if (stop == NULL || max_tokens == NULL)
+            goto done;
+        PyObject *stops = Py_None;
+        if (PyList_CheckExact(stop)) {
+            int all_text = 1;
+            for (Py_ssize_t i = 0; i < PyList_GET_SIZE(stop) && all_text; i++)
+                all_text = PyUnicode_CheckExact(PyList_GET_ITEM(stop, i));
+            if (all_text && ((stops = PyList_AsTuple(stop)) == NULL || hold(&r, stops) < 0))
+                goto done;
+        }
+        PyObject *params = PyTuple_New(5);
+        if (params == NULL || hold(&r, params) < 0)
+            goto done;
+        PyTuple_SET_ITEM(params, 0, Py_NewRef(max_tokens));
+        static const int names[] = {N_TEMPERATURE, N_TOP_P, N_TOP_K};
+        for (int i = 0; i < 3; i++) {
+            PyObject *number = double_or_none(field(&r, head, names[i]));
+            if (number == NULL)
+                goto done;
+            PyTuple_SET_ITEM(params, i + 1, number);
+        }
+        PyTuple_SET_ITEM(params, 4, Py_NewRef(stops));
+        if (PyObject_SetAttr(trace, state->names[N_PARAMS], params) < 0)
+            goto done;
+    }
+    const int capture = truthy(field(&r, trace, N_CAPTURE));
+    if (capture >= 0)
+        result = Py_NewRef(capture ? Py_True : Py_False);
+done:
+    reader_release(&r);
+    return result;
+}
+
+PyDoc_STRVAR(set_aside_doc,
+"set_aside(pending, finished, metrics, traces, /)\n\n"
+"``Tracer.record``'s setting aside, compiled: a traced request's ``(finished, its trace, the time now in ns)``\n"
+"appended to ``pending`` when there is anything to build of it (its metrics, or its spans when sampled);\n"
+"returns the number pending (0: not traced, nothing set aside).");
+
+static PyObject *set_aside(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "set_aside(pending: list, finished, metrics, traces)");
+        return NULL;
+    }
+    Reader r;
+    r.state = module_state(module);
+    r.count = 0;
+    PyObject *result = NULL;
+    PyObject *trace = field(&r, args[1], N_TRACE);
+    const int metrics = PyObject_IsTrue(args[2]), traces = PyObject_IsTrue(args[3]);
+    if (trace == NULL || metrics < 0 || traces < 0)
+        goto done;
+    if (trace == Py_None) {
+        result = PyLong_FromLong(0);
+        goto done;
+    }
+    if (!metrics) {
+        long flags = 0;
+        if (traces) {
+            PyObject *value = field(&r, trace, N_FLAGS);
+            if (value == NULL || ((flags = PyLong_AsLong(value)) == -1 && PyErr_Occurred()))
+                goto done;
+        }
+        if (!(flags & 1)) {
+            result = PyLong_FromLong(0);
+            goto done;
+        }
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now); /* time.time_ns()'s clock */
+    PyObject *end = PyLong_FromLongLong((long long)now.tv_sec * 1000000000LL + now.tv_nsec);
+    if (end == NULL)
+        goto done;
+    PyObject *item = PyTuple_Pack(3, args[1], trace, end);
+    Py_DECREF(end);
+    if (item == NULL)
+        goto done;
+    const int appended = PyList_Append(args[0], item);
+    Py_DECREF(item);
+    if (appended == 0)
+        result = PyLong_FromSsize_t(PyList_GET_SIZE(args[0]));
+done:
+    reader_release(&r);
+    return result;
+}
+
 /* --- the module ---------------------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1909,6 +2035,8 @@ static PyMethodDef methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL, bind_doc},
     {"new_trace", (PyCFunction)(void (*)(void))new_trace, METH_FASTCALL, new_trace_doc},
     {"attempt", (PyCFunction)(void (*)(void))attempt, METH_FASTCALL, attempt_doc},
+    {"request", (PyCFunction)(void (*)(void))request, METH_FASTCALL, request_doc},
+    {"set_aside", (PyCFunction)(void (*)(void))set_aside, METH_FASTCALL, set_aside_doc},
     {NULL, NULL, 0, NULL},
 };
 

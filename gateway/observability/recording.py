@@ -29,7 +29,6 @@ __all__ = [
     "MetricsSink",
     "Recorder",
     "Sink",
-    "SpanSink",
     "access_line",
     "emit_access_line",
     "write_access_lines_to",
@@ -303,21 +302,10 @@ class AccessLogSink:
 
 
 class Tracer(Protocol):
-    """What writes a traced request's spans and GenAI metrics (``gateway.observability.tracing.Tracer``)."""
+    """What writes a traced request's spans and GenAI metrics (``gateway.observability.tracing.Tracer``): its sink
+    (``tracing.SpanSink``) is one of the recorder's."""
 
-    def record(self, f: Finished, trace: Any) -> None: ...
-
-
-class SpanSink:
-    """A traced request's spans and GenAI metrics."""
-
-    def __init__(self, tracer: Tracer) -> None:
-        self._tracer = tracer
-
-    def record(self, finished: Finished) -> None:
-        trace = finished.trace
-        if trace is not None:
-            self._tracer.record(finished, trace)
+    def sink(self) -> Sink: ...
 
 
 def ledger_row(f: Finished) -> LedgerRow:
@@ -379,7 +367,7 @@ class Recorder:
     ) -> Recorder:
         sinks: list[Sink] = [MetricsSink(metrics), AccessLogSink(), LimiterSink()]
         if tracer is not None:
-            sinks.append(SpanSink(tracer))
+            sinks.append(tracer.sink())
         if key_labels:
             sinks.append(KeyMetricsSink(metrics, key_labels))
         if ledger is not None:

@@ -51,6 +51,7 @@ __all__ = [
     "GEN_AI_PROVIDERS",
     "AttemptSpan",
     "RequestTrace",
+    "SpanSink",
     "Tracer",
     "parse_traceparent",
 ]
@@ -149,24 +150,14 @@ class RequestTrace(msgspec.Struct, gc=False):
         return bool(self.flags & _TRACE_FLAG_SAMPLED)
 
     def request(self, model: str, body: bytes, head: MessagesHead | None) -> None:
-        """The request as the client sent it: its model and the parameters the spans carry (as the edge's own
-        parse read them: ``head``, None for a token count). Written out rather than through helpers: every call
-        on a request's path is one it pays for served, where its code is cold (docs/benchmarks.md)."""
-        self.request_model = model
-        if head is not None:
-            stop = head.stop_sequences
-            if stop is not None:
-                stop = tuple(stop) if type(stop) is list and all(type(s) is str for s in stop) else None
-            t, p, k = head.temperature, head.top_p, head.top_k
-            self.params = (
-                head.max_tokens,
-                float(t) if type(t) is float or type(t) is int else None,
-                float(p) if type(p) is float or type(p) is int else None,
-                float(k) if type(k) is float or type(k) is int else None,
-                stop,
-            )
-        if self.capture:
-            self.inputs, self.output = input_attributes(body), OutputCollector()
+        """The request as the client sent it: its model and the parameters the spans carry (``note_request``),
+        and its content when the trace captures it."""
+        if note_request(self, model, head):
+            self.capture_input(body)
+
+    def capture_input(self, body: bytes) -> None:
+        """(telemetry.otlp.capture_content) What the client sent, for the spans; the answer collected as it comes."""
+        self.inputs, self.output = input_attributes(body), OutputCollector()
 
     def attempt(self, provider: str, provider_kind: str, model: str) -> AttemptSpan:
         """A new attempt's CLIENT span, its ``traceparent`` (this trace, its span) made with it."""
@@ -204,7 +195,41 @@ def _new_trace_py(bound: int, capture: bool) -> RequestTrace:
     return trace
 
 
+def _note_request_py(trace: RequestTrace, model: str, head: MessagesHead | None) -> bool:
+    """The request as the client sent it, on its trace: its model and the parameters the spans carry (as the edge's
+    own parse read them: ``head``, None for a token count). Whether the trace captures content. The reference of
+    ``_otlp_c.request`` (tests/unit/test_tracing_ids.py)."""
+    trace.request_model = model
+    if head is not None:
+        stop = head.stop_sequences
+        if stop is not None:
+            stop = tuple(stop) if type(stop) is list and all(type(s) is str for s in stop) else None
+        t, p, k = head.temperature, head.top_p, head.top_k
+        trace.params = (
+            head.max_tokens,
+            float(t) if type(t) is float or type(t) is int else None,
+            float(p) if type(p) is float or type(p) is int else None,
+            float(k) if type(k) is float or type(k) is int else None,
+            stop,
+        )
+    return trace.capture
+
+
+def _set_aside_py(pending: list[tuple[Finished, RequestTrace, int]], f: Finished, metrics: bool, traces: bool) -> int:
+    """A traced request set aside with its end time, when there is anything to build of it (its metrics, or its
+    spans when sampled): the number now pending (0: nothing set aside). The reference of ``_otlp_c.set_aside``."""
+    trace = f.trace
+    if trace is None or not (metrics or (traces and trace.flags & _TRACE_FLAG_SAMPLED)):
+        return 0
+    pending.append((f, trace, time.time_ns()))
+    return len(pending)
+
+
 _new_trace: Callable[[int, bool], RequestTrace]
+note_request: Callable[[RequestTrace, str, MessagesHead | None], bool]
+"""The request as the client sent it, on its trace (``_note_request_py``; compiled when built)."""
+set_aside: Callable[[list[tuple[Finished, RequestTrace, int]], Finished, bool, bool], int]
+"""A finished request set aside for its batch (``_set_aside_py``; compiled when built)."""
 new_attempt: Callable[[RequestTrace, str, str, str], AttemptSpan]
 """A traced request's new attempt (``RequestTrace.attempt``: compiled when built)."""
 try:  # compiled (setup.py builds it when there is a C compiler): the same objects from the same draws
@@ -212,8 +237,10 @@ try:  # compiled (setup.py builds it when there is a C compiler): the same objec
 
     _otlp_c.bind(RequestTrace, AttemptSpan, _getrandbits)
     _new_trace, new_attempt = _otlp_c.new_trace, _otlp_c.attempt
+    note_request, set_aside = _otlp_c.request, _otlp_c.set_aside
 except ImportError:  # pragma: no cover - no compiler where it was installed
     _new_trace, new_attempt = _new_trace_py, RequestTrace.attempt
+    note_request, set_aside = _note_request_py, _set_aside_py
 
 
 FLUSH_AT = 32
@@ -257,7 +284,7 @@ class Tracer:
         if metrics:
             exporter.metrics_source = self.genai
         exporter.before_export = self.flush
-        self._pending: list[tuple[Finished, RequestTrace, int]] = []
+        self.pending: list[tuple[Finished, RequestTrace, int]] = []  # set aside (set_aside), built by flush
         self._bound = round(sample_ratio * (1 << 64))  # OpenTelemetry's TraceIdRatioBased: the id's low 64 bits
         self._client_series: dict[tuple[str, ...], tuple[Any, Any, Any]] = {}
         self._server_series: dict[tuple[str, ...], tuple[Any, Any]] = {}
@@ -278,24 +305,29 @@ class Tracer:
             trace.capture = True
         return trace
 
-    def record(self, f: Finished, trace: RequestTrace) -> None:
-        """A finished request, set aside with its end time: its spans and metrics are built with the others' (a
-        batch of ``FLUSH_AT``, once the request that completed it is done, or before an export) — built one after
-        the other they cost half what they cost built between requests, their code and caches still warm
-        (docs/benchmarks.md, "Tracing on vs off")."""
-        if self.genai is None and not (self.traces and trace.flags & _TRACE_FLAG_SAMPLED):
-            return  # nothing to build: neither spans nor metrics
-        pending = self._pending
-        pending.append((f, trace, time.time_ns()))
-        if len(pending) == FLUSH_AT:
-            try:
-                asyncio.get_running_loop().call_soon(self.flush)
-            except RuntimeError:  # no event loop (a script's, a test's): now
-                self.flush()
+    def record(self, f: Finished) -> None:
+        """A finished request, set aside with its end time (``set_aside``): its spans and metrics are built with
+        the others' (a batch of ``FLUSH_AT``, once the request that completed it is done, or before an export) —
+        built one after the other they cost half what they cost built between requests, their code and caches
+        still warm (docs/benchmarks.md, "Tracing on vs off"). ``SpanSink`` does the same without this call."""
+        if set_aside(self.pending, f, self.genai is not None, self.traces) == FLUSH_AT:
+            self.batch_full()
+
+    def sink(self) -> SpanSink:
+        """The recorder's sink of this tracer's requests (the one recording seam)."""
+        return SpanSink(self)
+
+    def batch_full(self) -> None:
+        """``FLUSH_AT`` wait: built after the current callback (now, without an event loop)."""
+        try:
+            asyncio.get_running_loop().call_soon(self.flush)
+        except RuntimeError:  # no event loop (a script's, a test's): now
+            self.flush()
 
     def flush(self) -> None:
         """Build the spans and metrics of the requests set aside (the exporter calls this before it exports)."""
-        pending, self._pending = self._pending, []
+        pending = self.pending[:]
+        self.pending.clear()  # the same list: SpanSink holds it
         spans: list[bytes] = []
         _record_batch(pending, self.traces, GEN_AI_PROVIDERS, _server, spans, _request_spans_py, self._hooks)
         if spans:
@@ -323,6 +355,20 @@ class Tracer:
         if len(self._server_series) > _MAX_CACHED:
             self._server_series.clear()
         return series
+
+
+class SpanSink:
+    """A traced request's spans and GenAI metrics: the request set aside (``set_aside``, compiled) for its tracer's
+    next batch, which is built once ``FLUSH_AT`` wait."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        self._tracer = tracer
+        self._pending = tracer.pending  # the one list (Tracer.flush empties it in place)
+        self._metrics, self._traces = tracer.genai is not None, tracer.traces
+
+    def record(self, finished: Finished) -> None:
+        if set_aside(self._pending, finished, self._metrics, self._traces) == FLUSH_AT:
+            self._tracer.batch_full()
 
 
 MetricHooks = tuple[

@@ -94,7 +94,7 @@ def spans_of(body: bytes) -> list[Span]:
 def serve(t: Tracer, headers: dict[str, str]) -> RequestTrace:
     trace = t.start(headers)
     trace.attempt("c1", "anthropic", "m")
-    t.record(finished(trace), trace)
+    t.record(finished(trace))
     t.flush()
     return trace
 
@@ -111,7 +111,7 @@ def test_records_are_built_in_batches_after_the_request_or_before_an_export() ->
         def one() -> None:
             trace = t.start({})
             trace.attempt("c1", "anthropic", "m")
-            t.record(finished(trace), trace)
+            t.record(finished(trace))
 
         for _ in range(FLUSH_AT - 1):
             one()

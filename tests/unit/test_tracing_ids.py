@@ -1,7 +1,9 @@
-"""A new trace and an attempt made in C (``_otlp_c.new_trace``, ``_otlp_c.attempt``) and in Python
-(``tracing._new_trace_py``, ``RequestTrace.attempt``, the references): from the same draws of ``random`` (seeded
-alike), the same ids, flags, sampling, capture and ``traceparent``, for any bound Hypothesis draws; the draw that
-makes a span id of zeros made 1 on both; and a forked child's ids are not its parent's.
+"""A request's path when traced, in C and in Python (the references): a new trace and an attempt
+(``_otlp_c.new_trace``, ``_otlp_c.attempt``; ``tracing._new_trace_py``, ``RequestTrace.attempt``) from the same
+draws of ``random`` (seeded alike) — the same ids, flags, sampling, capture and ``traceparent`` for any bound
+Hypothesis draws, a span id of zeros made 1 on both, a forked child's ids not its parent's; the request's model and
+parameters noted (``_otlp_c.request``, ``tracing._note_request_py``) for any head; and a finished request set aside
+(``_otlp_c.set_aside``, ``tracing._set_aside_py``).
 
 Skipped when the extension was not built, unless MESSAGES_GATEWAY_REQUIRE_EXTENSION is set: then they fail."""
 
@@ -9,13 +11,24 @@ from __future__ import annotations
 
 import os
 import random
+import time
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.observability import tracing
-from gateway.observability.tracing import AttemptSpan, RequestTrace, _new_trace_py, parse_traceparent
+from gateway.observability.tracing import (
+    AttemptSpan,
+    RequestTrace,
+    _new_trace_py,
+    _note_request_py,
+    _set_aside_py,
+    parse_traceparent,
+)
+from gateway.wire.request import MessagesHead
+from tests.unit.test_tracing import finished
 from tests.unit.test_tracing_spans import REQUIRE_EXTENSION, C
 
 pytestmark = pytest.mark.skipif(
@@ -94,6 +107,7 @@ def test_what_cannot_be_made_is_refused() -> None:
 
 def test_the_tracer_makes_traces_and_attempts_in_c_and_a_forked_child_draws_its_own() -> None:
     assert tracing._new_trace is C.new_trace and tracing.new_attempt is C.attempt
+    assert tracing.note_request is C.request and tracing.set_aside is C.set_aside
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its first trace id, to the parent
@@ -104,3 +118,78 @@ def test_the_tracer_makes_traces_and_attempts_in_c_and_a_forked_child_draws_its_
     os.waitpid(pid, 0)
     os.close(read)
     assert len(child) == 16 and child != C.new_trace(2**64, False).trace_id
+
+
+numbers = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**1100), 2**1100),
+    st.floats(allow_nan=False),
+    st.text(max_size=3),
+    st.lists(st.integers(), max_size=2),
+)
+stops = st.one_of(
+    st.none(),
+    st.lists(st.text(max_size=4), max_size=3),
+    st.lists(st.one_of(st.text(max_size=2), st.integers()), max_size=3),
+    st.tuples(st.text(max_size=2)),
+    st.text(max_size=3),
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.one_of(st.none(), st.integers(1, 2**70)),
+    numbers,
+    numbers,
+    numbers,
+    stops,
+    st.text(max_size=10),
+    st.booleans(),
+)
+def test_the_compiled_request_notes_what_the_reference_notes(
+    max_tokens: int | None, temperature: object, top_p: object, top_k: object, stop: object, model: str, capture: bool
+) -> None:
+    head = (
+        None
+        if max_tokens is None
+        else MessagesHead(
+            model="m",
+            max_tokens=max_tokens,
+            messages=[],
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop_sequences=stop,
+        )
+    )
+    python = RequestTrace(b"t" * 16, b"", 1, "", b"s" * 8, capture=capture)
+    compiled = RequestTrace(b"t" * 16, b"", 1, "", b"s" * 8, capture=capture)
+
+    def note(build: object, trace: RequestTrace) -> object:
+        try:
+            return build(trace, model, head)  # type: ignore[operator]
+        except OverflowError:  # an int too large for a double: refused alike
+            return OverflowError
+
+    assert note(_note_request_py, python) == note(C.request, compiled)
+    assert (compiled.request_model, compiled.params) == (python.request_model, python.params)
+    assert [type(v) for v in compiled.params] == [type(v) for v in python.params]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.none(), st.integers(0, 255)), st.booleans(), st.booleans(), st.integers(0, 3))
+def test_the_compiled_set_aside_is_the_reference_one(
+    flags: int | None, metrics: bool, traces: bool, already: int
+) -> None:
+    trace = None if flags is None else RequestTrace(b"t" * 16, b"", flags, "", b"s" * 8)
+    f = finished(trace)  # type: ignore[arg-type]
+    python: list[Any] = [None] * already
+    compiled: list[Any] = [None] * already
+    before = time.time_ns()
+    assert _set_aside_py(python, f, metrics, traces) == C.set_aside(compiled, f, metrics, traces)
+    after = time.time_ns()
+    assert len(compiled) == len(python)
+    if len(compiled) > already:
+        (f1, t1, end1), (f2, t2, end2) = python[-1], compiled[-1]
+        assert f1 is f2 is f and t1 is t2 is trace and before <= end1 <= after and before <= end2 <= after
