@@ -838,6 +838,8 @@ typedef struct {
     ModuleState *state; /* the names (interned) and the layouts */
     PyObject *held[128];
     int count;
+    PyTypeObject *last_type; /* the type of the object read last, and its layout: most reads follow one of */
+    Layout *last_layout;     /* the same object's (NULL: none yet) */
 } Reader;
 
 /* The layout of ``type`` (NULL when the table is full: every attribute through getattr) */
@@ -891,7 +893,14 @@ static int hold(Reader *r, PyObject *value)
 static PyObject *field(Reader *r, PyObject *object, int name)
 {
     PyObject *value;
-    Layout *layout = layout_of(r->state, Py_TYPE(object));
+    Layout *layout;
+    if (Py_TYPE(object) == r->last_type)
+        layout = r->last_layout;
+    else {
+        layout = layout_of(r->state, Py_TYPE(object));
+        r->last_type = Py_TYPE(object); /* the layout table holds the type: it outlives the reader */
+        r->last_layout = layout;
+    }
     const Py_ssize_t offset = layout == NULL ? -1 : offset_of(layout, r->state->names[name], name);
     if (offset > 0) {
         value = *(PyObject **)((char *)object + offset);
@@ -1223,6 +1232,7 @@ static int spans_of(ModuleState *state, PyObject *f, PyObject *trace, uint64_t e
     Reader r;
     r.state = state;
     r.count = 0;
+    r.last_type = NULL;
     Buffer b;
     buffer_init(&b);
     SpanFields s;
@@ -1617,6 +1627,7 @@ static int record_one(ModuleState *state, PyObject *item, int traces, PyObject *
     Reader r;
     r.state = state;
     r.count = 0;
+    r.last_type = NULL;
     int result = -1;
     PyObject *outcome = field(&r, f, N_OUTCOME), *attempts = field(&r, trace, N_ATTEMPTS_LIST);
     if (outcome == NULL || attempts == NULL)
@@ -1853,6 +1864,7 @@ static PyObject *attempt(PyObject *module, PyObject *const *args, Py_ssize_t nar
     Reader r;
     r.state = state;
     r.count = 0;
+    r.last_type = NULL;
     PyObject *span = NULL;
     PyObject *trace = args[0];
     Py_ssize_t trace_length;
@@ -1935,6 +1947,7 @@ static PyObject *request(PyObject *module, PyObject *const *args, Py_ssize_t nar
     Reader r;
     r.state = state;
     r.count = 0;
+    r.last_type = NULL;
     PyObject *result = NULL;
     if (head != Py_None) {
         PyObject *stop = field(&r, head, N_STOP_SEQUENCES), *max_tokens = field(&r, head, N_MAX_TOKENS);
@@ -1986,6 +1999,7 @@ static PyObject *set_aside(PyObject *module, PyObject *const *args, Py_ssize_t n
     Reader r;
     r.state = module_state(module);
     r.count = 0;
+    r.last_type = NULL;
     PyObject *result = NULL;
     PyObject *trace = field(&r, args[1], N_TRACE);
     const int metrics = PyObject_IsTrue(args[2]), traces = PyObject_IsTrue(args[3]);
