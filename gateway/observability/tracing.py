@@ -4,10 +4,12 @@ A traced request has one ``RequestTrace``: its trace id (the caller's, from ``tr
 SERVER span's id and start, the request's parameters, and one ``AttemptSpan`` per upstream attempt — the CLIENT
 spans, whose ``traceparent`` goes upstream with the attempt (``ProxyRequest.traceparent``). Nothing is built while
 the request runs but ids and clock readings: when the request is recorded (``SpanSink``, the one recording seam),
-``Tracer.record`` sets the ``Finished`` record and the trace aside; ``Tracer.flush`` turns a batch of them into
+the ``Finished`` record and the trace are set aside (``set_aside``); ``Tracer.flush`` turns a batch of them into
 encoded spans and histogram points (once 32 wait, after the request that completed the batch, or before an export)
 and hands them to the exporter's bounded queue (``gateway.observability.otlp_export``), off the request path. The
-attribute names and their sources are listed in ``docs/design.md`` (§ Traces).
+attribute names and their sources are listed in ``docs/design.md`` (§ Traces). Each of these steps is one call of
+``_otlp_c`` when it was built (``_new_trace``, ``new_attempt``, ``note_request``, ``set_aside``, ``_record_batch``),
+the Python functions beside them its references (tests/unit/test_tracing_ids.py, test_tracing_batch.py).
 
 Why not the OpenTelemetry SDK: measured on this machine, its ``start_span`` + ``end`` costs ~26 µs a span and its
 histograms ~10 µs a record, ~100 µs a traced request — three times the budget of 30 µs. The spans are written as
