@@ -1930,7 +1930,7 @@ static PyObject *double_or_none(PyObject *value)
 
 PyDoc_STRVAR(request_doc,
 "request(trace, model, head, /)\n\n"
-"``RequestTrace.request`` without the content capture, compiled: the client's model and the parameters the\n"
+"``tracing._note_request_py``, compiled: the client's model and the parameters the\n"
 "spans carry (from ``head``, a MessagesHead, or None) set on the trace; returns whether the trace captures\n"
 "content (then the caller captures it).");
 

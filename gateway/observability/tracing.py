@@ -151,12 +151,6 @@ class RequestTrace(msgspec.Struct, gc=False):
     def sampled(self) -> bool:
         return bool(self.flags & _TRACE_FLAG_SAMPLED)
 
-    def request(self, model: str, body: bytes, head: MessagesHead | None) -> None:
-        """The request as the client sent it: its model and the parameters the spans carry (``note_request``),
-        and its content when the trace captures it."""
-        if note_request(self, model, head):
-            self.capture_input(body)
-
     def capture_input(self, body: bytes) -> None:
         """(telemetry.otlp.capture_content) What the client sent, for the spans; the answer collected as it comes."""
         self.inputs, self.output = input_attributes(body), OutputCollector()
