@@ -44,6 +44,9 @@ typedef struct {
     int layout_count;
     PyObject *chat, *count_tokens, *empty, *add; /* record's strings, interned */
     PyObject *trace_type, *attempt_type, *getrandbits; /* bind(): new_trace's and attempt's */
+    /* client_span's last ``server(url)``: the callable, the url (a str) and its (address, port) — a request's
+     * attempts go to the URLs of a few targets, and ``server`` is a function of the url alone */
+    PyObject *last_server, *last_url, *last_where;
 } ModuleState;
 
 static ModuleState *module_state(PyObject *module) { return (ModuleState *)PyModule_GetState(module); }
@@ -794,10 +797,12 @@ static int buffer_reserve(Buffer *b, Py_ssize_t more)
     return 0;
 }
 
+/* A string literal and its length (an attribute's key: no strlen per attribute) */
+#define KEY(literal) ("" literal ""), ((Py_ssize_t)sizeof(literal) - 1)
+
 /* One attribute (Span.attributes, 9): KeyValue{key (1), value (2): the measured AnyValue} */
-static int put_measured(Buffer *b, const char *key, const Value *value)
+static int put_measured(Buffer *b, const char *key, Py_ssize_t key_length, const Value *value)
 {
-    const Py_ssize_t key_length = (Py_ssize_t)strlen(key);
     Py_ssize_t value_size = field_size(value->size);
     if (value_size < 0)
         return -1;
@@ -817,20 +822,20 @@ static int put_measured(Buffer *b, const char *key, const Value *value)
 }
 
 /* An attribute of a Python value (``_any_value``'s types and errors) */
-static int put_object(Buffer *b, const char *key, PyObject *object)
+static int put_object(Buffer *b, const char *key, Py_ssize_t key_length, PyObject *object)
 {
     Value value;
     if (object == NULL) /* its read failed */
         return -1;
-    return measure_value(object, &value) < 0 ? -1 : put_measured(b, key, &value);
+    return measure_value(object, &value) < 0 ? -1 : put_measured(b, key, key_length, &value);
 }
 
 /* An attribute of an int64 */
-static int put_int(Buffer *b, const char *key, long long n)
+static int put_int(Buffer *b, const char *key, Py_ssize_t key_length, long long n)
 {
     Value value = {.kind = V_INT, .bits = (uint64_t)n};
     value.size = 1 + varint_size(value.bits);
-    return put_measured(b, key, &value);
+    return put_measured(b, key, key_length, &value);
 }
 
 /* The attributes read off the objects: new references, released together */
@@ -927,16 +932,16 @@ static void reader_release(Reader *r)
 static inline int truthy(PyObject *value) { return value == NULL ? -1 : PyObject_IsTrue(value); }
 
 /* ``attribute`` when ``value`` is true (``if value: attributes[key] = value``) */
-static int put_if(Buffer *b, const char *key, PyObject *value)
+static int put_if(Buffer *b, const char *key, Py_ssize_t key_length, PyObject *value)
 {
     const int truth = truthy(value);
-    return truth <= 0 ? truth : put_object(b, key, value);
+    return truth <= 0 ? truth : put_object(b, key, key_length, value);
 }
 
 /* ``attribute`` unless ``value`` is None */
-static int put_unless_none(Buffer *b, const char *key, PyObject *value)
+static int put_unless_none(Buffer *b, const char *key, Py_ssize_t key_length, PyObject *value)
 {
-    return value == NULL ? -1 : value == Py_None ? 0 : put_object(b, key, value);
+    return value == NULL ? -1 : value == Py_None ? 0 : put_object(b, key, key_length, value);
 }
 
 /* An int or None (``or 0``): its value; -1 with an error (ValueError outside int64) */
@@ -972,30 +977,29 @@ static int sum_of(long long a, long long b, long long c, long long *sum)
 static int put_request(Reader *r, Buffer *b, PyObject *f, PyObject *operation, PyObject *model, PyObject *provider,
                        PyObject *params)
 {
-    if (put_object(b, "gen_ai.operation.name", operation) < 0 || put_object(b, "gen_ai.request.model", model) < 0 ||
-        put_object(b, "gen_ai.request.stream", field(r, f, N_STREAM)) < 0 ||
-        put_if(b, "gen_ai.provider.name", provider) < 0)
+    if (put_object(b, KEY("gen_ai.operation.name"), operation) < 0 || put_object(b, KEY("gen_ai.request.model"), model) < 0 ||
+        put_object(b, KEY("gen_ai.request.stream"), field(r, f, N_STREAM)) < 0 ||
+        put_if(b, KEY("gen_ai.provider.name"), provider) < 0)
         return -1;
     if (!PyTuple_Check(params) || PyTuple_GET_SIZE(params) != 5) {
         PyErr_SetString(PyExc_TypeError, "RequestTrace.params must be a tuple of five");
         return -1;
     }
-    static const char *const keys[] = {"gen_ai.request.max_tokens", "gen_ai.request.temperature",
-                                       "gen_ai.request.top_p", "gen_ai.request.top_k"};
-    for (int i = 0; i < 4; i++) {
-        if (put_unless_none(b, keys[i], PyTuple_GET_ITEM(params, i)) < 0)
-            return -1;
-    }
-    if (put_if(b, "gen_ai.request.stop_sequences", PyTuple_GET_ITEM(params, 4)) < 0)
+    if (put_unless_none(b, KEY("gen_ai.request.max_tokens"), PyTuple_GET_ITEM(params, 0)) < 0 ||
+        put_unless_none(b, KEY("gen_ai.request.temperature"), PyTuple_GET_ITEM(params, 1)) < 0 ||
+        put_unless_none(b, KEY("gen_ai.request.top_p"), PyTuple_GET_ITEM(params, 2)) < 0 ||
+        put_unless_none(b, KEY("gen_ai.request.top_k"), PyTuple_GET_ITEM(params, 3)) < 0)
         return -1;
-    return put_if(b, "gen_ai.conversation.id", field(r, f, N_SESSION_ID));
+    if (put_if(b, KEY("gen_ai.request.stop_sequences"), PyTuple_GET_ITEM(params, 4)) < 0)
+        return -1;
+    return put_if(b, KEY("gen_ai.conversation.id"), field(r, f, N_SESSION_ID));
 }
 
 /* ``_answer``: the answer's id, model, stop reason and usage (input tokens: Anthropic's arithmetic) */
 static int put_answer(Reader *r, Buffer *b, PyObject *f)
 {
-    if (put_if(b, "gen_ai.response.id", field(r, f, N_RESPONSE_ID)) < 0 ||
-        put_if(b, "gen_ai.response.model", field(r, f, N_RESPONSE_MODEL)) < 0)
+    if (put_if(b, KEY("gen_ai.response.id"), field(r, f, N_RESPONSE_ID)) < 0 ||
+        put_if(b, KEY("gen_ai.response.model"), field(r, f, N_RESPONSE_MODEL)) < 0)
         return -1;
     PyObject *reason = field(r, f, N_FINISH_REASON);
     const int truth = truthy(reason);
@@ -1005,7 +1009,7 @@ static int put_answer(Reader *r, Buffer *b, PyObject *f)
         PyObject *reasons = PyTuple_Pack(1, reason);
         if (reasons == NULL)
             return -1;
-        const int done = put_object(b, "gen_ai.response.finish_reasons", reasons);
+        const int done = put_object(b, KEY("gen_ai.response.finish_reasons"), reasons);
         Py_DECREF(reasons);
         if (done < 0)
             return -1;
@@ -1023,9 +1027,9 @@ static int put_answer(Reader *r, Buffer *b, PyObject *f)
         count_of(field(r, usage, N_CACHE_READ), &cache_read) < 0 ||
         count_of(field(r, usage, N_CACHE_CREATION), &created) < 0 || sum_of(in, cache_read, created, &total) < 0)
         return -1;
-    return put_int(b, "gen_ai.usage.input_tokens", total) < 0 || put_int(b, "gen_ai.usage.output_tokens", out) < 0 ||
-                   put_int(b, "gen_ai.usage.cache_read.input_tokens", cache_read) < 0 ||
-                   put_int(b, "gen_ai.usage.cache_creation.input_tokens", created) < 0
+    return put_int(b, KEY("gen_ai.usage.input_tokens"), total) < 0 || put_int(b, KEY("gen_ai.usage.output_tokens"), out) < 0 ||
+                   put_int(b, KEY("gen_ai.usage.cache_read.input_tokens"), cache_read) < 0 ||
+                   put_int(b, KEY("gen_ai.usage.cache_creation.input_tokens"), created) < 0
                ? -1
                : 0;
 }
@@ -1092,7 +1096,7 @@ static int append_span(PyObject *spans, const SpanFields *s, const Buffer *b)
 
 /* The SERVER span (tracing.py's ``_server_span``) */
 static int server_span(Reader *r, Buffer *b, PyObject *f, PyObject *trace, SpanFields *s, PyObject *operation,
-                       PyObject *provider, PyObject *error_type, int answer, PyObject *spans)
+                       PyObject *provider, PyObject *error_type, int answer, Buffer *kept, PyObject *spans)
 {
     PyObject *path = field(r, f, N_PATH), *route = field(r, trace, N_ROUTE);
     const int has_route = truthy(route);
@@ -1104,30 +1108,35 @@ static int server_span(Reader *r, Buffer *b, PyObject *f, PyObject *trace, SpanF
     if (failed < 0 || put_request(r, b, f, operation, field(r, trace, N_REQUEST_MODEL), provider,
                                   field(r, trace, N_PARAMS)) < 0)
         return -1;
-    if (answer && put_answer(r, b, f) < 0)
-        return -1;
+    if (answer) {
+        const Py_ssize_t from = b->size;
+        if (put_answer(r, b, f) < 0 || buffer_reserve(kept, b->size - from) < 0)
+            return -1;
+        memcpy(kept->data, b->data + from, (size_t)(b->size - from));
+        kept->size = b->size - from;
+    }
     PyObject *method = field(r, f, N_METHOD), *outcome = field(r, f, N_OUTCOME);
-    if (put_object(b, "http.request.method", method) < 0 || put_object(b, "http.route", route) < 0 ||
-        put_object(b, "url.path", path) < 0 || put_if(b, "http.response.status_code", field(r, f, N_STATUS)) < 0 ||
-        (failed && put_object(b, "error.type", error_type) < 0) ||
-        put_object(b, "messages_gateway.outcome", outcome) < 0 ||
-        put_object(b, "messages_gateway.attempts", field(r, f, N_ATTEMPTS)) < 0 ||
-        put_if(b, "messages_gateway.alias", field(r, f, N_ALIAS)) < 0 ||
-        put_if(b, "messages_gateway.provider", field(r, f, N_PROVIDER)) < 0 ||
-        put_if(b, "messages_gateway.upstream_model", field(r, f, N_MODEL)) < 0 ||
-        put_if(b, "messages_gateway.key", field(r, f, N_KEY_NAME)) < 0 ||
-        put_if(b, "messages_gateway.team", field(r, f, N_TEAM)) < 0 ||
-        put_if(b, "enduser.id", field(r, f, N_USER)) < 0)
+    if (put_object(b, KEY("http.request.method"), method) < 0 || put_object(b, KEY("http.route"), route) < 0 ||
+        put_object(b, KEY("url.path"), path) < 0 || put_if(b, KEY("http.response.status_code"), field(r, f, N_STATUS)) < 0 ||
+        (failed && put_object(b, KEY("error.type"), error_type) < 0) ||
+        put_object(b, KEY("messages_gateway.outcome"), outcome) < 0 ||
+        put_object(b, KEY("messages_gateway.attempts"), field(r, f, N_ATTEMPTS)) < 0 ||
+        put_if(b, KEY("messages_gateway.alias"), field(r, f, N_ALIAS)) < 0 ||
+        put_if(b, KEY("messages_gateway.provider"), field(r, f, N_PROVIDER)) < 0 ||
+        put_if(b, KEY("messages_gateway.upstream_model"), field(r, f, N_MODEL)) < 0 ||
+        put_if(b, KEY("messages_gateway.key"), field(r, f, N_KEY_NAME)) < 0 ||
+        put_if(b, KEY("messages_gateway.team"), field(r, f, N_TEAM)) < 0 ||
+        put_if(b, KEY("enduser.id"), field(r, f, N_USER)) < 0)
         return -1;
     const int panic = truthy(field(r, f, N_PANIC));
-    if (panic < 0 || (panic && put_object(b, "messages_gateway.panic", Py_True) < 0) ||
-        put_if(b, "messages_gateway.limit", field(r, f, N_LIMIT)) < 0 ||
-        put_if(b, "messages_gateway.dropped", field(r, f, N_DROPPED)) < 0 ||
-        put_object(b, "messages_gateway.request_id", field(r, f, N_REQUEST_ID)) < 0 ||
-        put_unless_none(b, "gen_ai.response.time_to_first_chunk", field(r, f, N_TTFT)) < 0 ||
-        put_unless_none(b, "messages_gateway.cost_usd", field(r, f, N_COST_USD)) < 0 ||
-        put_if(b, "messages_gateway.upstream_request_id", field(r, f, N_UPSTREAM_REQUEST_ID)) < 0 ||
-        put_if(b, "messages_gateway.agent_id", field(r, f, N_AGENT_ID)) < 0)
+    if (panic < 0 || (panic && put_object(b, KEY("messages_gateway.panic"), Py_True) < 0) ||
+        put_if(b, KEY("messages_gateway.limit"), field(r, f, N_LIMIT)) < 0 ||
+        put_if(b, KEY("messages_gateway.dropped"), field(r, f, N_DROPPED)) < 0 ||
+        put_object(b, KEY("messages_gateway.request_id"), field(r, f, N_REQUEST_ID)) < 0 ||
+        put_unless_none(b, KEY("gen_ai.response.time_to_first_chunk"), field(r, f, N_TTFT)) < 0 ||
+        put_unless_none(b, KEY("messages_gateway.cost_usd"), field(r, f, N_COST_USD)) < 0 ||
+        put_if(b, KEY("messages_gateway.upstream_request_id"), field(r, f, N_UPSTREAM_REQUEST_ID)) < 0 ||
+        put_if(b, KEY("messages_gateway.agent_id"), field(r, f, N_AGENT_ID)) < 0)
         return -1;
     if ((s->span_id = bytes_of(field(r, trace, N_SPAN_ID), &s->span_id_length, "RequestTrace.span_id")) == NULL ||
         (s->name = utf8_of(method, &s->name_length, "Finished.method")) == NULL ||
@@ -1147,10 +1156,45 @@ static int server_span(Reader *r, Buffer *b, PyObject *f, PyObject *trace, SpanF
     return appended;
 }
 
+/* ``server(url)`` (a new reference), checked to be (address, port); the last one again when ``server`` and the
+ * url (an exact str) are the last call's */
+static PyObject *server_of(ModuleState *state, PyObject *server, PyObject *url)
+{
+    PyObject *last = state->last_url;
+    if (last != NULL && server == state->last_server && PyUnicode_CheckExact(url) &&
+        (url == last || (PyUnicode_GET_LENGTH(url) == PyUnicode_GET_LENGTH(last) && PyUnicode_Compare(url, last) == 0)))
+        return Py_NewRef(state->last_where);
+    PyObject *where = PyObject_CallOneArg(server, url);
+    if (where == NULL)
+        return NULL;
+    if (!PyTuple_Check(where) || PyTuple_GET_SIZE(where) != 2) {
+        Py_DECREF(where);
+        PyErr_SetString(PyExc_TypeError, "server(url) must return (address, port)");
+        return NULL;
+    }
+    if (PyUnicode_CheckExact(url)) {
+        Py_XSETREF(state->last_server, Py_NewRef(server));
+        Py_XSETREF(state->last_url, Py_NewRef(url));
+        Py_XSETREF(state->last_where, Py_NewRef(where));
+    }
+    return where;
+}
+
+/* ``put_answer``'s bytes, kept from the SERVER span for the serving attempt's CLIENT span (the same Finished:
+ * the same bytes) */
+static int put_kept(Buffer *b, const Buffer *kept)
+{
+    if (buffer_reserve(b, kept->size) < 0)
+        return -1;
+    memcpy(b->data + b->size, kept->data, (size_t)kept->size);
+    b->size += kept->size;
+    return 0;
+}
+
 /* An attempt's CLIENT span (tracing.py's ``_client_span``) */
 static int client_span(Reader *r, Buffer *b, PyObject *f, PyObject *trace, SpanFields *s, PyObject *attempt,
                        Py_ssize_t n, int serving, uint64_t end_ns, PyObject *operation, PyObject *request_error,
-                       int answer, PyObject *providers, PyObject *server, PyObject *spans)
+                       const Buffer *answer, PyObject *providers, PyObject *server, PyObject *spans)
 {
     PyObject *error_type = field(r, attempt, N_ERROR_TYPE);
     int failed = truthy(error_type);
@@ -1179,28 +1223,22 @@ static int client_span(Reader *r, Buffer *b, PyObject *f, PyObject *trace, SpanF
     if (has_url < 0)
         return -1;
     if (has_url) {
-        PyObject *where = PyObject_CallOneArg(server, url);
-        if (where == NULL)
+        PyObject *where = server_of(r->state, server, url);
+        if (where == NULL || hold(r, where) < 0)
             return -1;
-        if (hold(r, where) < 0)
-            return -1;
-        if (!PyTuple_Check(where) || PyTuple_GET_SIZE(where) != 2) {
-            PyErr_SetString(PyExc_TypeError, "server(url) must return (address, port)");
-            return -1;
-        }
-        if (put_object(b, "server.address", PyTuple_GET_ITEM(where, 0)) < 0 ||
-            put_object(b, "server.port", PyTuple_GET_ITEM(where, 1)) < 0)
+        if (put_object(b, KEY("server.address"), PyTuple_GET_ITEM(where, 0)) < 0 ||
+            put_object(b, KEY("server.port"), PyTuple_GET_ITEM(where, 1)) < 0)
             return -1;
     }
-    if (put_object(b, "messages_gateway.provider", field(r, attempt, N_PROVIDER)) <
+    if (put_object(b, KEY("messages_gateway.provider"), field(r, attempt, N_PROVIDER)) <
             0 ||
-        put_int(b, "messages_gateway.attempt", (long long)n + 1) < 0 ||
-        put_if(b, "http.response.status_code", field(r, attempt, N_STATUS)) < 0 ||
-        (failed && put_object(b, "error.type", error_type) < 0))
+        put_int(b, KEY("messages_gateway.attempt"), (long long)n + 1) < 0 ||
+        put_if(b, KEY("http.response.status_code"), field(r, attempt, N_STATUS)) < 0 ||
+        (failed && put_object(b, KEY("error.type"), error_type) < 0))
         return -1;
-    if (answered && ((answer && put_answer(r, b, f) < 0) ||
-                     put_unless_none(b, "gen_ai.response.time_to_first_chunk", field(r, f, N_UPSTREAM_WAIT)) < 0 ||
-                     put_if(b, "messages_gateway.upstream_request_id", field(r, f, N_UPSTREAM_REQUEST_ID)) < 0))
+    if (answered && ((answer != NULL && put_kept(b, answer) < 0) ||
+                     put_unless_none(b, KEY("gen_ai.response.time_to_first_chunk"), field(r, f, N_UPSTREAM_WAIT)) < 0 ||
+                     put_if(b, KEY("messages_gateway.upstream_request_id"), field(r, f, N_UPSTREAM_REQUEST_ID)) < 0))
         return -1;
     uint64_t end;
     if ((s->span_id = bytes_of(field(r, attempt, N_SPAN_ID), &s->span_id_length, "AttemptSpan.span_id")) == NULL ||
@@ -1233,8 +1271,9 @@ static int spans_of(ModuleState *state, PyObject *f, PyObject *trace, uint64_t e
     r.state = state;
     r.count = 0;
     r.last_type = NULL;
-    Buffer b;
+    Buffer b, kept; /* the span's attributes; the answer's, kept for the serving attempt's span */
     buffer_init(&b);
+    buffer_init(&kept);
     SpanFields s;
     int result = -1;
     PyObject *flags = field(&r, trace, N_FLAGS);
@@ -1251,7 +1290,7 @@ static int spans_of(ModuleState *state, PyObject *f, PyObject *trace, uint64_t e
     if (PyErr_Occurred())
         goto done;
     s.end = end_ns;
-    if (server_span(&r, &b, f, trace, &s, operation, provider, error_type, answer, spans) < 0)
+    if (server_span(&r, &b, f, trace, &s, operation, provider, error_type, answer, &kept, spans) < 0)
         goto done;
     /* the CLIENT spans: their parent is the SERVER span, theirs not remote */
     const char *server_id = s.span_id;
@@ -1270,7 +1309,7 @@ static int spans_of(ModuleState *state, PyObject *f, PyObject *trace, uint64_t e
         s.parent = server_id;
         s.parent_length = server_id_length;
         if (client_span(&r, &b, f, trace, &s, PyList_GET_ITEM(attempts, n), n, n == count - 1, end_ns, operation,
-                        error_type, answer, providers, server, spans) < 0)
+                        error_type, answer ? &kept : NULL, providers, server, spans) < 0)
             goto done;
         /* this attempt's reads released (the list holds the attempts) */
         while (r.count > mark)
@@ -1280,6 +1319,7 @@ static int spans_of(ModuleState *state, PyObject *f, PyObject *trace, uint64_t e
 done:
     reader_release(&r);
     buffer_release(&b);
+    buffer_release(&kept);
     return result;
 }
 
@@ -2092,6 +2132,9 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(module_state(module)->trace_type);
     Py_VISIT(module_state(module)->attempt_type);
     Py_VISIT(module_state(module)->getrandbits);
+    Py_VISIT(module_state(module)->last_server);
+    Py_VISIT(module_state(module)->last_url);
+    Py_VISIT(module_state(module)->last_where);
     return 0;
 }
 
@@ -2110,6 +2153,9 @@ static int module_clear(PyObject *module)
     Py_CLEAR(module_state(module)->trace_type);
     Py_CLEAR(module_state(module)->attempt_type);
     Py_CLEAR(module_state(module)->getrandbits);
+    Py_CLEAR(module_state(module)->last_server);
+    Py_CLEAR(module_state(module)->last_url);
+    Py_CLEAR(module_state(module)->last_where);
     return 0;
 }
 

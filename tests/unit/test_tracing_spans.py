@@ -209,3 +209,52 @@ def test_an_unset_slot_is_an_attribute_error_alike() -> None:
     for build in (_request_spans_py, C.request_spans):
         with pytest.raises(AttributeError, match="url"):
             build(f, trace, 1, "chat", "anthropic", "", True, GEN_AI_PROVIDERS, _server, [])
+
+
+def test_the_server_of_a_url_is_asked_again_for_another_url_or_another_server() -> None:
+    """The compiled spans remember the last ``server(url)`` (a request's attempts go to a few targets' URLs): a
+    different URL, an equal URL in another string, or another ``server`` function gets its own answer; a bad
+    answer is refused each time, never remembered."""
+    trace = RequestTrace(b"t" * 16, b"", 1, "", b"s" * 8)
+    span = AttemptSpan(b"a" * 8, "up", "anthropic", "m")
+    trace.attempts = [span]
+    f = finished(trace)
+    asked: list[str] = []
+
+    def server_of(name: str) -> Any:
+        def server(url: str) -> tuple[str, int]:
+            asked.append(name)
+            return (f"{name}-{url}", len(url))
+
+        return server
+
+    def address(server: Any, url: str) -> tuple[str, int]:
+        span.url = url
+        spans: list[bytes] = []
+        C.request_spans(f, trace, 1, "chat", "anthropic", "", True, GEN_AI_PROVIDERS, server, spans)
+        reference: list[bytes] = []
+        _request_spans_py(f, trace, 1, "chat", "anthropic", "", True, GEN_AI_PROVIDERS, server, reference)
+        assert spans == reference
+        client = Span.FromString(spans[1][2:] if spans[1][1] < 0x80 else spans[1][3:])
+        values = {a.key: a.value for a in client.attributes}
+        return values["server.address"].string_value, values["server.port"].int_value
+
+    one, two = server_of("one"), server_of("two")
+    url = "http://127.0.0.1:9000/v1/messages"
+    assert address(one, url) == (f"one-{url}", len(url))
+    asked.clear()
+    assert address(one, url) == (f"one-{url}", len(url))  # remembered: the compiled side did not ask
+    assert asked == ["one"]  # (the reference's call)
+    assert address(one, "http://h/v1/messages") == ("one-http://h/v1/messages", 20)
+    assert address(one, "".join(["http://h", "/v1/messages"])) == ("one-http://h/v1/messages", 20)
+    assert address(two, "http://h/v1/messages") == ("two-http://h/v1/messages", 20)
+    assert address(two, "http://i/v1/messages") == ("two-http://i/v1/messages", 20)  # as long, not the same
+    assert address(one, url) == (f"one-{url}", len(url))
+
+    def bad(url: str) -> Any:
+        return [url, 1]
+
+    span.url = url
+    for _ in range(2):
+        with pytest.raises(TypeError, match="address, port"):
+            C.request_spans(f, trace, 1, "chat", "anthropic", "", True, GEN_AI_PROVIDERS, bad, [])
