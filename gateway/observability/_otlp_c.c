@@ -777,14 +777,25 @@ static void buffer_release(Buffer *b)
     buffer_init(b);
 }
 
+static int buffer_grow(Buffer *b, Py_ssize_t more);
+
 /* Room for ``more`` bytes past the end; -1 with an error */
-static int buffer_reserve(Buffer *b, Py_ssize_t more)
+static inline int buffer_reserve(Buffer *b, Py_ssize_t more)
+{
+    if (more >= 0 && more <= b->capacity - b->size) /* (capacity and size stay within SIZE_LIMIT) */
+        return 0;
+    return buffer_grow(b, more);
+}
+
+static int buffer_grow(Buffer *b, Py_ssize_t more)
 {
     if (more > SIZE_LIMIT || b->size > SIZE_LIMIT - more)
         return too_large();
     if (b->size + more <= b->capacity)
         return 0;
     Py_ssize_t capacity = b->capacity * 2 > b->size + more ? b->capacity * 2 : b->size + more;
+    if (capacity > SIZE_LIMIT) /* (the fast path's room never passes SIZE_LIMIT) */
+        capacity = SIZE_LIMIT;
     char *data = b->data == b->stack ? PyMem_Malloc((size_t)capacity) : PyMem_Realloc(b->data, (size_t)capacity);
     if (data == NULL) {
         PyErr_NoMemory();
@@ -928,8 +939,19 @@ static void reader_release(Reader *r)
     r->count = 0;
 }
 
-/* ``if value:`` (an error: -1) */
-static inline int truthy(PyObject *value) { return value == NULL ? -1 : PyObject_IsTrue(value); }
+/* ``if value:`` (an error: -1); a str, None and a bool without a call */
+static inline int truthy(PyObject *value)
+{
+    if (value == NULL)
+        return -1;
+    if (PyUnicode_CheckExact(value))
+        return PyUnicode_GET_LENGTH(value) != 0;
+    if (value == Py_None || value == Py_False)
+        return 0;
+    if (value == Py_True)
+        return 1;
+    return PyObject_IsTrue(value);
+}
 
 /* ``attribute`` when ``value`` is true (``if value: attributes[key] = value``) */
 static int put_if(Buffer *b, const char *key, Py_ssize_t key_length, PyObject *value)
