@@ -95,6 +95,55 @@ def test_a_span_id_of_zeros_is_made_one_alike() -> None:
         C.bind(RequestTrace, AttemptSpan, old)
 
 
+class _Draws:
+    """``getrandbits`` that answers the given ints, one a call, whatever it is asked."""
+
+    def __init__(self, values: list[int]) -> None:
+        self.values = list(values)
+
+    def __call__(self, bits: int) -> int:
+        return self.values.pop(0)
+
+
+def _made(new_trace: Any, attempt: Any, draws: _Draws) -> tuple[object, ...] | str:
+    try:
+        trace = new_trace(2**64, False)
+        return (*_fields(trace), attempt(trace, "p", "anthropic", "m").span_id)
+    except OverflowError as exc:
+        return f"OverflowError: {exc}"
+
+
+draw = st.one_of(
+    st.integers(0, 2**192 - 1),
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 2**32),
+    st.sampled_from([0, 1, 2**30 - 1, 2**30, 2**60, 2**64 - 1, 2**64, 2**192 - 1, 2**192, -1, -(2**70)]),
+    st.integers(-(2**200), 2**200),
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(draw, draw)
+def test_the_ids_are_the_draws_bytes_alike(trace_bits: int, attempt_bits: int) -> None:
+    """Whatever ``getrandbits`` answers — any size of int, too large, negative — the compiled trace and attempt
+    take its bytes as ``int.to_bytes(n, "big")`` does, or refuse it with the same OverflowError."""
+    old = tracing._getrandbits
+    try:
+        tracing._getrandbits = _Draws([trace_bits, attempt_bits])
+        python = _made(_new_trace_py, RequestTrace.attempt, tracing._getrandbits)
+        compiled_draws = _Draws([trace_bits, attempt_bits])
+        C.bind(RequestTrace, AttemptSpan, compiled_draws)
+        compiled = _made(C.new_trace, C.attempt, compiled_draws)
+    finally:
+        tracing._getrandbits = old
+        C.bind(RequestTrace, AttemptSpan, old)
+    assert compiled == python
+    if 0 <= trace_bits < 2**192 and 0 <= attempt_bits < 2**64:
+        assert isinstance(compiled, tuple)
+        assert compiled[0] + compiled[4] == trace_bits.to_bytes(24, "big") or compiled[4] == bytes(7) + b"\x01"
+        assert compiled[-1] == (attempt_bits or 1).to_bytes(8, "big")
+
+
 def test_what_cannot_be_made_is_refused() -> None:
     with pytest.raises(TypeError):
         C.new_trace(1.0, False)

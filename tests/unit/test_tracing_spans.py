@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import struct
 from typing import Any
 
 import msgspec
@@ -258,3 +259,43 @@ def test_the_server_of_a_url_is_asked_again_for_another_url_or_another_server() 
     for _ in range(2):
         with pytest.raises(TypeError, match="address, port"):
             C.request_spans(f, trace, 1, "chat", "anthropic", "", True, GEN_AI_PROVIDERS, bad, [])
+
+
+class _Nanoseconds(int):
+    """An int subclass: read as an int (not through the exact-int fast path)."""
+
+
+@pytest.mark.parametrize(
+    "time",
+    [1, 2**30, 2**62, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**70, -1, -(2**63), -(2**64), _Nanoseconds(2**61), True],
+)
+@pytest.mark.parametrize("where", ["end", "start", "attempt_start", "attempt_end"])
+def test_times_at_the_edges_of_int64_and_uint64_alike(time: int, where: str) -> None:
+    """A span's times as uint64: the same spans on both sides, or both refusing a time out of range (the reference
+    with struct's error, the compiled spans with OverflowError), at and past the edges, negative ones, int
+    subclasses."""
+    trace = RequestTrace(b"t" * 16, b"", 1, "", b"s" * 8)
+    span = AttemptSpan(b"a" * 8, "up", "anthropic", "m")
+    span.start_ns, span.end_ns = 5, 9
+    trace.attempts = [span]
+    end = 10
+    if where == "end":
+        end = time
+    elif where == "start":
+        trace.start_ns = time
+    elif where == "attempt_start":
+        span.start_ns = time
+    else:
+        span.end_ns = time
+    f = finished(trace)
+    outcomes = []
+    for build in (_request_spans_py, C.request_spans):
+        spans: list[bytes] = []
+        try:
+            build(f, trace, end, "chat", "anthropic", "", True, GEN_AI_PROVIDERS, _server, spans)
+            outcomes.append(spans)
+        except struct.error:  # the reference packs times with struct: its out-of-range error
+            outcomes.append("OverflowError")
+        except (OverflowError, ValueError, TypeError) as exc:
+            outcomes.append(type(exc).__name__)
+    assert outcomes[0] == outcomes[1]
