@@ -999,7 +999,8 @@ static int sum_of(long long a, long long b, long long c, long long *sum)
 static int put_request(Reader *r, Buffer *b, PyObject *f, PyObject *operation, PyObject *model, PyObject *provider,
                        PyObject *params)
 {
-    if (put_object(b, KEY("gen_ai.operation.name"), operation) < 0 || put_object(b, KEY("gen_ai.request.model"), model) < 0 ||
+    if (put_object(b, KEY("gen_ai.operation.name"), operation) < 0 ||
+        put_object(b, KEY("gen_ai.request.model"), model) < 0 ||
         put_object(b, KEY("gen_ai.request.stream"), field(r, f, N_STREAM)) < 0 ||
         put_if(b, KEY("gen_ai.provider.name"), provider) < 0)
         return -1;
@@ -1049,7 +1050,8 @@ static int put_answer(Reader *r, Buffer *b, PyObject *f)
         count_of(field(r, usage, N_CACHE_READ), &cache_read) < 0 ||
         count_of(field(r, usage, N_CACHE_CREATION), &created) < 0 || sum_of(in, cache_read, created, &total) < 0)
         return -1;
-    return put_int(b, KEY("gen_ai.usage.input_tokens"), total) < 0 || put_int(b, KEY("gen_ai.usage.output_tokens"), out) < 0 ||
+    return put_int(b, KEY("gen_ai.usage.input_tokens"), total) < 0 ||
+                   put_int(b, KEY("gen_ai.usage.output_tokens"), out) < 0 ||
                    put_int(b, KEY("gen_ai.usage.cache_read.input_tokens"), cache_read) < 0 ||
                    put_int(b, KEY("gen_ai.usage.cache_creation.input_tokens"), created) < 0
                ? -1
@@ -1163,7 +1165,8 @@ static int server_span(Reader *r, Buffer *b, PyObject *f, PyObject *trace, SpanF
     }
     PyObject *method = field(r, f, N_METHOD), *outcome = field(r, f, N_OUTCOME);
     if (put_object(b, KEY("http.request.method"), method) < 0 || put_object(b, KEY("http.route"), route) < 0 ||
-        put_object(b, KEY("url.path"), path) < 0 || put_if(b, KEY("http.response.status_code"), field(r, f, N_STATUS)) < 0 ||
+        put_object(b, KEY("url.path"), path) < 0 ||
+        put_if(b, KEY("http.response.status_code"), field(r, f, N_STATUS)) < 0 ||
         (failed && put_object(b, KEY("error.type"), error_type) < 0) ||
         put_object(b, KEY("messages_gateway.outcome"), outcome) < 0 ||
         put_object(b, KEY("messages_gateway.attempts"), field(r, f, N_ATTEMPTS)) < 0 ||
