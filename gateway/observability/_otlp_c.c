@@ -808,6 +808,16 @@ static int buffer_grow(Buffer *b, Py_ssize_t more)
     return 0;
 }
 
+/* ``size`` bytes appended; -1 with an error */
+static int buffer_append(Buffer *b, const char *data, Py_ssize_t size)
+{
+    if (buffer_reserve(b, size) < 0)
+        return -1;
+    memcpy(b->data + b->size, data, (size_t)size);
+    b->size += size;
+    return 0;
+}
+
 /* A string literal and its length (an attribute's key: no strlen per attribute) */
 #define KEY(literal) ("" literal ""), ((Py_ssize_t)sizeof(literal) - 1)
 
@@ -1158,10 +1168,8 @@ static int server_span(Reader *r, Buffer *b, PyObject *f, PyObject *trace, SpanF
         return -1;
     if (answer) {
         const Py_ssize_t from = b->size;
-        if (put_answer(r, b, f) < 0 || buffer_reserve(kept, b->size - from) < 0)
+        if (put_answer(r, b, f) < 0 || buffer_append(kept, b->data + from, b->size - from) < 0)
             return -1;
-        memcpy(kept->data, b->data + from, (size_t)(b->size - from));
-        kept->size = b->size - from;
     }
     PyObject *method = field(r, f, N_METHOD), *outcome = field(r, f, N_OUTCOME);
     if (put_object(b, KEY("http.request.method"), method) < 0 || put_object(b, KEY("http.route"), route) < 0 ||
@@ -1229,17 +1237,6 @@ static PyObject *server_of(ModuleState *state, PyObject *server, PyObject *url)
     return where;
 }
 
-/* ``put_answer``'s bytes, kept from the SERVER span for the serving attempt's CLIENT span (the same Finished:
- * the same bytes) */
-static int put_kept(Buffer *b, const Buffer *kept)
-{
-    if (buffer_reserve(b, kept->size) < 0)
-        return -1;
-    memcpy(b->data + b->size, kept->data, (size_t)kept->size);
-    b->size += kept->size;
-    return 0;
-}
-
 /* An attempt's CLIENT span (tracing.py's ``_client_span``) */
 static int client_span(Reader *r, Buffer *b, PyObject *f, PyObject *trace, SpanFields *s, PyObject *attempt,
                        Py_ssize_t n, int serving, uint64_t end_ns, PyObject *operation, PyObject *request_error,
@@ -1285,7 +1282,7 @@ static int client_span(Reader *r, Buffer *b, PyObject *f, PyObject *trace, SpanF
         put_if(b, KEY("http.response.status_code"), field(r, attempt, N_STATUS)) < 0 ||
         (failed && put_object(b, KEY("error.type"), error_type) < 0))
         return -1;
-    if (answered && ((answer != NULL && put_kept(b, answer) < 0) ||
+    if (answered && ((answer != NULL && buffer_append(b, answer->data, answer->size) < 0) ||
                      put_unless_none(b, KEY("gen_ai.response.time_to_first_chunk"), field(r, f, N_UPSTREAM_WAIT)) < 0 ||
                      put_if(b, KEY("messages_gateway.upstream_request_id"), field(r, f, N_UPSTREAM_REQUEST_ID)) < 0))
         return -1;
