@@ -301,15 +301,23 @@ async def raise_for_upstream(resp: UpstreamResponse, provider: str) -> None:
 def batch_of_block(block: bytes) -> Batch:
     """The events of a block of complete SSE frames: exact data bytes plus their partial views. The block
     itself is kept as the batch's canonical bytes when every frame is canonical and names its own type."""
-    if block.count(b"\n") == 3:  # one frame, the common case for a paced token stream
-        head, sep, data = block[:-2].partition(b"\ndata: ")
-        if sep and head.startswith(b"event: ") and b"\n" not in data:
-            try:
-                one = decode_view(data)
-            except msgspec.DecodeError:
-                one = MALFORMED
-            if one.type.encode() == head[7:]:
-                return Batch([one], [data], block)
+    # One frame, the common case for a paced token stream: ``event: <name>\ndata: <json>\n\n``, exactly three
+    # newlines. Found by where its first two are (memchr, stopping at the first data line's end in a block of many
+    # frames), never by counting a whole block's (a byte at a time: ~5 % of a 200-event stream's instructions).
+    first = block.find(b"\n")
+    if (
+        block.startswith(b"data: ", first + 1)
+        and block.find(b"\n", first + 1) == len(block) - 2
+        and block.endswith(b"\n\n")
+        and block.startswith(b"event: ")
+    ):
+        data = block[first + 7 : -2]
+        try:
+            one = decode_view(data)
+        except msgspec.DecodeError:
+            one = MALFORMED
+        if one.type.encode() == block[7:first]:
+            return Batch([one], [data], block)
     canonical = split_canonical(block)
     if canonical is not None:
         views = decode_views([], canonical.array)  # [] when any event is malformed: handled frame by frame below

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.base import batch_of_block
 from gateway.wire import sse
-from gateway.wire.events import COMPILED_VIEWS, MALFORMED
+from gateway.wire.events import COMPILED_VIEWS, MALFORMED, decode_view
 from gateway.wire.sse import SseDecoder, split_block, split_canonical, split_canonical_py
 from tests.edits import apply_edits, byte_edits
 
@@ -145,3 +146,51 @@ def test_first_large_block_is_cut_after_its_first_delta() -> None:
     small = b'event: content_block_delta\ndata: {"type":"content_block_delta"}\n\n'
     assert split_after_first_delta(small) == (b"", small)
     assert split_after_first_delta(b"event: ping\ndata: {}\n\n" * 300)[0] == b""
+
+
+def _one_frame_by_count(block: bytes) -> bytes | None:
+    """The single-frame test the fast path replaced (a count of the whole block's newlines), the reference: the
+    frame's data when it took the block (its name the data's type), else None."""
+    if block.count(b"\n") != 3:
+        return None
+    head, sep, data = block[:-2].partition(b"\ndata: ")
+    if not (sep and head.startswith(b"event: ") and b"\n" not in data):
+        return None
+    try:
+        kind = decode_view(data).type
+    except msgspec.DecodeError:
+        kind = MALFORMED.type
+    return data if kind.encode() == head[7:] else None
+
+
+_PIECES = st.sampled_from(
+    [b"event: ", b"data: ", b"\n", b"\n\n", b"message_stop", b'{"type":"message_stop"}', b"data:", b"x", b": k"]
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_PIECES, max_size=10).map(b"".join))
+def test_the_one_frame_fast_path_takes_what_the_newline_count_took(block: bytes) -> None:
+    block = block if block.endswith(b"\n\n") else block + b"\n\n"  # feed_block's blocks end with a blank line
+    batch = batch_of_block(block)
+    fast = batch.raw is not None and batch._datas is not None  # only the one-frame path gives both
+    data = _one_frame_by_count(block)
+    assert fast == (data is not None)
+    if fast:
+        assert batch.raw == block and batch.datas == [data] and len(batch.views) == 1
+
+
+def test_a_one_frame_block_is_found_without_counting_the_whole_block() -> None:
+    data = b'{"type":"message_stop"}'
+    block = b"event: message_stop\ndata: " + data + b"\n\n"
+    batch = batch_of_block(block)
+    assert batch.raw == block and batch.datas == [data]
+    # valid JSON (trailing whitespace) in a data line cut at the wrong newline: never the fast path
+    for odd in (block + b"\n\n", block[:-1] + b" \n\n\n", b"event: message_stop\ndata: " + data + b"\n\n\n"):
+        assert _one_frame_by_count(odd) is None
+        batch = batch_of_block(odd)
+        assert batch._datas is None or batch.raw is None
+        assert batch.datas == [data]
+    two = block + block  # six newlines: the general path (the fast one stops at the first data line's end)
+    batch = batch_of_block(two)
+    assert batch.raw == two and [v.type for v in batch.views] == ["message_stop"] * 2
