@@ -4,7 +4,9 @@ the same requests as ``burst-c10`` (streams) and ``json-c10``, ``-c`` of them at
 
 The served bench (``python -m bench.run --tracing``) measures a gateway process among the load generator, the
 fake upstream and the kernel on two shared cores; this measures what the gateway's own code spends in a request,
-its HTTP server and the client's sockets left out (they do the same work traced or not). The fake upstream
+its HTTP server and the client's sockets left out (they do the same work traced or not); each request's scope
+carries what that server puts there (the body-received hint, the disconnect hook), so the edge takes the path
+it takes served. The fake upstream
 (:mod:`bench.upstream`) and the OTLP sink (:mod:`bench.otlp_sink`) run in a child process pinned to core 1; each
 measurement runs in a fresh child pinned to core 0 — tracing off and on alternately, ``--rounds`` times, each a
 warm-up then ``--windows`` windows of ``-n`` requests, the minimum window kept (the host's noise only ever adds).
@@ -53,6 +55,8 @@ def _config(upstream_port: int, sink_port: int | None, options: str = "") -> str
 
 async def _requests(app: Any, stream: bool, n: int, c: int) -> int:
     """``n`` requests, ``c`` at a time; the number answered 200 with a whole body."""
+    from gateway.http.server import BODY_RECEIVED, DISCONNECT_HOOK, DisconnectHook
+
     body = BODIES[stream]
     headers = [
         (b"host", b"127.0.0.1:8080"),
@@ -100,6 +104,10 @@ async def _requests(app: Any, stream: bool, n: int, c: int) -> int:
             "client": (HOST, 40000),
             "server": (HOST, 8080),
             "state": {},
+            # what the gateway's own server (gateway/http/server.py) puts in every scope: the body is all here (the
+            # edge reads it without a timeout), and a hook it calls when the client goes (no watcher task)
+            BODY_RECEIVED: True,
+            DISCONNECT_HOOK: DisconnectHook(),
         }
         await app(scope, receive, send)
         ok += status == 200 and ended
