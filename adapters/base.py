@@ -21,7 +21,7 @@ import msgspec
 from gateway.wire.errors import InvalidRequest, UpstreamStatusError, error_type_for_status
 from gateway.wire.events import MALFORMED, Batch, decode_view, decode_views
 from gateway.wire.request import ProxyRequest
-from gateway.wire.sse import FrameTooLarge, SseDecoder, split_block, split_canonical
+from gateway.wire.sse import FrameTooLarge, SseDecoder, names_match, split_block, split_canonical
 from gateway.wire.upstream import MAX_ANSWER_BYTES, MAX_ERROR_BYTES, BodyTooLarge, StreamInterrupted, UpstreamResponse
 
 from ._provider_messages import VERTEX_TOO_BIG, client_message
@@ -321,10 +321,7 @@ def batch_of_block(block: bytes) -> Batch:
     canonical = split_canonical(block)
     if canonical is not None:
         views = decode_views([], canonical.array)  # [] when any event is malformed: handled frame by frame below
-        if (
-            len(views) == canonical.frame_count
-            and canonical.events == b"event: " + "\nevent: ".join([v.type for v in views]).encode()
-        ):
+        if len(views) == canonical.frame_count and names_match(canonical.events, views):
             return Batch(views, None, block)
     names, datas = split_block(block)
     views = decode_views(datas)

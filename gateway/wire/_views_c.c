@@ -15,6 +15,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <string.h>
 
 #define DELTA_HEAD "{\"type\":\"content_block_delta\",\"index\":"
@@ -163,6 +164,9 @@ static const unsigned char *skip_value(const unsigned char *p, const unsigned ch
  * module attributes. */
 typedef struct {
     PyTypeObject *ScannedViews, *SplitSse;
+    PyObject *type_name;      /* "type", interned: the attribute ``names_match`` reads */
+    PyTypeObject *view_class; /* the class whose ``type`` is read at ``type_offset`` (its slot); NULL: none yet */
+    Py_ssize_t type_offset;   /* -1: that class's ``type`` is no plain slot (getattr) */
 } ModuleState;
 
 static ModuleState *module_state(PyObject *module) { return (ModuleState *)PyModule_GetState(module); }
@@ -617,9 +621,83 @@ PyDoc_STRVAR(top_level_duplicate_doc,
              "top_level_duplicate(body, names) -> the first of names given twice as a top-level key of the JSON "
              "object body, b'\\\\' if a top-level key holds an escape, else None.");
 
+PyDoc_STRVAR(names_match_doc,
+"names_match(events, views, /) -> bool\n\n"
+"``events == b'event: ' + '\\nevent: '.join([v.type for v in views]).encode()`` (a block's event lines from\n"
+"``split_sse``, each its view's type) without the list, the join and the copy: each view's type compared in place.");
+
+/* ``view.type`` (a new reference); NULL with an error. Read in its slot when the view's class keeps it in one. */
+static PyObject *view_type(ModuleState *state, PyObject *view)
+{
+    if (Py_TYPE(view) != state->view_class) {
+        PyTypeObject *cls = Py_TYPE(view);
+        Py_ssize_t offset = -1;
+        /* a member descriptor of an object slot is a data descriptor: no instance __dict__ can hide it */
+        PyObject *descriptor = _PyType_Lookup(cls, state->type_name); /* borrowed */
+        if (descriptor != NULL && Py_IS_TYPE(descriptor, &PyMemberDescr_Type)) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descriptor)->d_member;
+            if (member->type == T_OBJECT_EX && !(member->flags & READ_RESTRICTED) && member->offset > 0)
+                offset = member->offset;
+        }
+        Py_XSETREF(state->view_class, (PyTypeObject *)Py_NewRef((PyObject *)cls));
+        state->type_offset = offset;
+    }
+    if (state->type_offset > 0) {
+        PyObject *value = *(PyObject **)((char *)view + state->type_offset);
+        if (value == NULL)
+            PyErr_Format(PyExc_AttributeError, "'%.100s' object has no attribute 'type'", Py_TYPE(view)->tp_name);
+        return Py_XNewRef(value);
+    }
+    return PyObject_GetAttr(view, state->type_name);
+}
+
+static PyObject *names_match(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "names_match() takes a bytes and a list");
+        return NULL;
+    }
+    ModuleState *state = module_state(module);
+    const char *p = PyBytes_AS_STRING(args[0]), *end = p + PyBytes_GET_SIZE(args[0]);
+    PyObject *views = args[1];
+    if (PyList_GET_SIZE(views) == 0)
+        return PyBool_FromLong(end - p == 7 && memcmp(p, "event: ", 7) == 0);
+    int match = 1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(views); i++) { /* (the list may change under a getattr) */
+        PyObject *view = Py_NewRef(PyList_GET_ITEM(views, i));
+        PyObject *value = view_type(state, view);
+        Py_DECREF(view);
+        if (value == NULL)
+            return NULL;
+        if (!PyUnicode_Check(value)) { /* what str.join refuses */
+            PyErr_Format(PyExc_TypeError, "sequence item %zd: expected str instance, %.80s found", i,
+                         Py_TYPE(value)->tp_name);
+            Py_DECREF(value);
+            return NULL;
+        }
+        Py_ssize_t size;
+        const char *name = PyUnicode_AsUTF8AndSize(value, &size); /* (a lone surrogate: .encode()'s error) */
+        if (name == NULL) {
+            Py_DECREF(value);
+            return NULL;
+        }
+        if (match) {
+            const Py_ssize_t head = i == 0 ? 7 : 8; /* "event: ", then "\nevent: " */
+            if (end - p < head + size || memcmp(p, &"\nevent: "[i == 0], (size_t)head) != 0 ||
+                memcmp(p + head, name, (size_t)size) != 0)
+                match = 0; /* (the rest still read: an error in a later type is raised, as the join raises it) */
+            else
+                p += head + size;
+        }
+        Py_DECREF(value);
+    }
+    return PyBool_FromLong(match && p == end);
+}
+
 static PyMethodDef methods[] = {
     {"scan_views", (PyCFunction)(void (*)(void))scan_views, METH_FASTCALL, scan_views_doc},
     {"split_sse", (PyCFunction)split_sse, METH_O, split_sse_doc},
+    {"names_match", (PyCFunction)(void (*)(void))names_match, METH_FASTCALL, names_match_doc},
     {"top_level_duplicate", (PyCFunction)(void (*)(void))top_level_duplicate, METH_FASTCALL, top_level_duplicate_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -632,6 +710,9 @@ static int exec_module(PyObject *module)
         return -1;
     if (PyModule_AddType(module, state->ScannedViews) < 0 || PyModule_AddType(module, state->SplitSse) < 0)
         return -1;
+    if ((state->type_name = PyUnicode_InternFromString("type")) == NULL)
+        return -1;
+    state->view_class = NULL;
     return 0;
 }
 
@@ -640,6 +721,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     ModuleState *state = module_state(module);
     Py_VISIT(state->ScannedViews);
     Py_VISIT(state->SplitSse);
+    Py_VISIT(state->view_class);
     return 0;
 }
 
@@ -648,6 +730,8 @@ static int module_clear(PyObject *module)
     ModuleState *state = module_state(module);
     Py_CLEAR(state->ScannedViews);
     Py_CLEAR(state->SplitSse);
+    Py_CLEAR(state->type_name);
+    Py_CLEAR(state->view_class);
     return 0;
 }
 

@@ -9,7 +9,7 @@ character split across reads needs no special care.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gateway.wire.events import KNOWN_EVENTS, EventView
 
@@ -25,6 +25,8 @@ __all__ = [
     "encode_frame",
     "encode_frames",
     "frame_header",
+    "names_match",
+    "names_match_py",
     "split_block",
     "split_canonical",
     "split_canonical_py",
@@ -143,11 +145,23 @@ class SplitSse(NamedTuple):
     frame_count: int  # the number of frames
 
 
+def names_match_py(events: bytes, views: list[Any]) -> bool:
+    """Whether ``events`` (a block's event lines joined by ``\\n``, as ``split_canonical`` gives them) names each
+    view's type in order, nothing else: the reference of the compiled ``names_match``, which compares each type in
+    place (no list, no join, no copy: ~4 % of a 200-event stream's instructions went here)."""
+    return events == b"event: " + "\nevent: ".join([v.type for v in views]).encode()
+
+
 _split_sse: Callable[[bytes], _views_c.SplitSse | None] | None
-try:  # gateway/wire/_views_c.c: split_canonical without an object per line
+names_match: Callable[[bytes, list[Any]], bool]
+"""Whether a block's event lines (``SplitSse.events``) name, in order, exactly the types of its views
+(``names_match_py``; compiled when built)."""
+try:  # gateway/wire/_views_c.c: split_canonical without an object per line, names_match without the join
+    from gateway.wire._views_c import names_match
     from gateway.wire._views_c import split_sse as _split_sse
 except ImportError:  # pragma: no cover - no compiler where it was installed
     _split_sse = None
+    names_match = names_match_py
 
 
 def split_block(block: bytes) -> tuple[list[bytes | None], list[bytes]]:

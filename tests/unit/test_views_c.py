@@ -237,3 +237,64 @@ def test_the_compiled_results_are_tuples_with_named_fields() -> None:
     assert type(split) is C.SplitSse and isinstance(split, tuple)
     assert C.SplitSse.__match_args__ == ("events", "array", "frame_count")
     assert tuple(split) == (split.events, split.array, split.frame_count) == (b"event: a", b"[1]", 1)
+
+
+# names_match: a block's event lines against its views' types, in place of the Python join (gateway/wire/sse.py)
+
+_TYPES = st.one_of(
+    st.sampled_from(["message_start", "content_block_delta", "ping", "", "message_stop", "a\nevent: b", "é"]),
+    st.text(max_size=12),
+)
+
+
+def _events_for(types: list[str]) -> bytes:
+    return b"event: " + "\nevent: ".join(types).encode("utf-8", "surrogatepass")
+
+
+@needs_c
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(_TYPES, max_size=6),
+    byte_edits(b"event: \n\xc3\xa9ap", reach=120),  # the names of exactly these types (no edit), or damaged
+)
+def test_names_match_is_the_join_compared(types: list[str], edits: list[tuple[int, str, int]]) -> None:
+    from gateway.wire.sse import names_match_py
+
+    views = [EventView(type=t) for t in types]
+    events_ = _events_for(types)
+    events_ = apply_edits(events_, edits)
+    try:
+        expected: bool | type[BaseException] = names_match_py(events_, views)
+    except UnicodeEncodeError:  # a lone surrogate (st.text draws them): the same error from both
+        expected = UnicodeEncodeError
+    if expected is UnicodeEncodeError:
+        with pytest.raises(UnicodeEncodeError):
+            C.names_match(events_, views)
+    else:
+        assert C.names_match(events_, views) is expected
+
+
+@needs_c
+def test_names_match_cases() -> None:
+    start, delta = EventView(type="message_start"), EventView(type="content_block_delta")
+    assert C.names_match(b"event: message_start\nevent: content_block_delta", [start, delta])
+    assert not C.names_match(b"event: message_start\nevent: content_block_delta", [delta, start])
+    assert not C.names_match(b"event: message_start\nevent: content_block_delt", [start, delta])
+    assert not C.names_match(b"event: message_start\nevent: content_block_delta\n", [start, delta])
+    assert not C.names_match(b"event: message_start", [start, delta])
+    assert C.names_match(b"event: ", []) and not C.names_match(b"", [])
+    assert C.names_match(b"event: ", [MALFORMED])  # the untyped view: an empty name
+
+    # a class of other views (no slot, a property): read through getattr; the last class read is remembered
+    class Other:
+        @property
+        def type(self) -> str:
+            return "ping"
+
+    assert C.names_match(b"event: ping\nevent: message_start\nevent: ping", [Other(), start, Other()])
+    with pytest.raises(TypeError, match="expected str instance, int found"):
+        C.names_match(b"event: 1", [EventView(type=1)])  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        C.names_match(b"event: x", [object()])
+    with pytest.raises(TypeError):
+        C.names_match("event: x", [start])  # type: ignore[arg-type]
