@@ -676,7 +676,13 @@ static PyObject *names_match(PyObject *module, PyObject *const *args, Py_ssize_t
             return NULL;
         }
         Py_ssize_t size;
-        const char *name = PyUnicode_AsUTF8AndSize(value, &size); /* (a lone surrogate: .encode()'s error) */
+        const char *name; /* its UTF-8: an ASCII str's own bytes; else encoded (a lone surrogate: .encode()'s error) */
+        if (PyUnicode_IS_COMPACT_ASCII(value)) {
+            name = (const char *)PyUnicode_DATA(value);
+            size = PyUnicode_GET_LENGTH(value);
+        }
+        else
+            name = PyUnicode_AsUTF8AndSize(value, &size);
         if (name == NULL) {
             Py_DECREF(value);
             return NULL;
