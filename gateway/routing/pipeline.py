@@ -32,7 +32,7 @@ from gateway.wire.errors import (
 )
 from gateway.wire.events import Batch, EventView, UsageView
 from gateway.wire.request import ProxyRequest
-from gateway.wire.sse import encode_frames
+from gateway.wire.sse import encode_frames, is_ascii
 from gateway.wire.upstream import StreamInterrupted
 from gateway.wire.usage_fold import usage_of
 from gateway.wire.validate import KNOWN_EVENTS, State, StreamValidator, Violation
@@ -354,7 +354,7 @@ def _check(batch: Batch, validator: StreamValidator, metrics: Metrics, provider:
     try:
         sent = validator.check_all(views)
         raw = batch.raw
-        if not (raw.isascii() if raw is not None else all(d.isascii() for d in batch.datas)):
+        if not (is_ascii(raw) if raw is not None else all(d.isascii() for d in batch.datas)):
             check_utf8(batch, sent)  # rare: only a batch with non-ASCII bytes is decoded
     except Violation as violation:
         metrics.violations.labels(provider, violation.rule).inc()

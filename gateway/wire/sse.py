@@ -25,6 +25,7 @@ __all__ = [
     "encode_frame",
     "encode_frames",
     "frame_header",
+    "is_ascii",
     "names_match",
     "names_match_py",
     "split_block",
@@ -156,12 +157,15 @@ _split_sse: Callable[[bytes], _views_c.SplitSse | None] | None
 names_match: Callable[[bytes, list[Any]], bool]
 """Whether a block's event lines (``SplitSse.events``) name, in order, exactly the types of its views
 (``names_match_py``; compiled when built)."""
+is_ascii: Callable[[bytes], bool]
+"""``bytes.isascii`` (compiled when built: a vectorised loop, where CPython's goes a word at a time)."""
 try:  # gateway/wire/_views_c.c: split_canonical without an object per line, names_match without the join
-    from gateway.wire._views_c import names_match
+    from gateway.wire._views_c import is_ascii, names_match
     from gateway.wire._views_c import split_sse as _split_sse
 except ImportError:  # pragma: no cover - no compiler where it was installed
     _split_sse = None
     names_match = names_match_py
+    is_ascii = bytes.isascii
 
 
 def split_block(block: bytes) -> tuple[list[bytes | None], list[bytes]]:

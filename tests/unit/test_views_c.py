@@ -298,3 +298,21 @@ def test_names_match_cases() -> None:
         C.names_match(b"event: x", [object()])
     with pytest.raises(TypeError):
         C.names_match("event: x", [start])  # type: ignore[arg-type]
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.integers(0, 299), st.integers(0, 255))
+def test_is_ascii_is_bytes_isascii(data: bytes, at: int, byte: int) -> None:
+    # any length (the vectorised loop's body and its tail), one byte set anywhere, any value
+    if data:
+        data = data[: at % len(data)] + bytes([byte]) + data[at % len(data) + 1 :]
+    ascii_ = bytes(b & 0x7F for b in data)
+    assert C.is_ascii(data) is data.isascii()
+    assert C.is_ascii(ascii_) is True
+    big = ascii_ * 200  # past any unrolled width, the odd byte last
+    assert C.is_ascii(big + bytes([byte])) is (byte < 0x80)
+    with pytest.raises(TypeError):
+        C.is_ascii(bytearray(data))  # type: ignore[arg-type]
+    for odd in (b"\x80", b"\x00" * 40 + b"\x80", b"\x7f" * 33 + b"\xff"):  # the high bit alone, or with all
+        assert C.is_ascii(odd) is False
