@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -212,21 +213,25 @@ class Metrics:
             children = self._children[(alias, provider, model, outcome)] = _Children(
                 self, alias, provider, model, outcome
             )
-        children.requests.inc()
-        if usage.input_tokens:
-            children.input.inc(usage.input_tokens)
-        if usage.output_tokens:
-            children.output.inc(usage.output_tokens)
-        if usage.cache_read_input_tokens:
-            children.cache_read.inc(usage.cache_read_input_tokens)
-        if usage.cache_creation_input_tokens:
-            children.cache_creation.inc(usage.cache_creation_input_tokens)
+        timed = bool(provider) and timed
+        if children.plain is not None:  # the same updates on the same values, without prometheus-client's wrappers
+            _record_plain(children.plain, usage, duration if timed else None, time_to_first_token if timed else None)
+        else:
+            children.requests.inc()
+            if usage.input_tokens:
+                children.input.inc(usage.input_tokens)
+            if usage.output_tokens:
+                children.output.inc(usage.output_tokens)
+            if usage.cache_read_input_tokens:
+                children.cache_read.inc(usage.cache_read_input_tokens)
+            if usage.cache_creation_input_tokens:
+                children.cache_creation.inc(usage.cache_creation_input_tokens)
+            if timed:
+                children.duration.observe(duration)
+                if time_to_first_token is not None:
+                    children.ttft.observe(time_to_first_token)
         if cost:
             self.cost.labels(alias, provider, model).inc(cost)
-        if provider and timed:
-            children.duration.observe(duration)
-            if time_to_first_token is not None:
-                children.ttft.observe(time_to_first_token)
 
     def added_latency_of(self, alias: str, provider: str) -> Any:
         """The labelled child of ``gateway_added_latency_seconds`` (looked up once: ``labels()`` is not free)."""
@@ -279,9 +284,12 @@ class Metrics:
 
 
 class _Children:
-    """The labelled children one kind of request writes to, looked up once (``labels()`` is not free)."""
+    """The labelled children one kind of request writes to, looked up once (``labels()`` is not free); and, when
+    they hold ``PlainValue`` s, those values themselves (``plain``): a request's ~8 updates then skip
+    prometheus-client's wrappers (a call, the observable check and, for a histogram, a linear walk of its bounds)
+    and add to the same values, so ``/metrics`` is the same bytes (``tests/unit/test_metrics_values.py``)."""
 
-    __slots__ = ("cache_creation", "cache_read", "duration", "input", "output", "requests", "ttft")
+    __slots__ = ("cache_creation", "cache_read", "duration", "input", "output", "plain", "requests", "ttft")
 
     def __init__(self, metrics: Metrics, alias: str, provider: str, model: str, outcome: str) -> None:
         self.requests = metrics.requests.labels(alias, provider, model, outcome)
@@ -291,6 +299,57 @@ class _Children:
         )
         self.duration = metrics.duration.labels(alias, provider)
         self.ttft = metrics.ttft.labels(alias, provider)
+        self.plain: _Plain | None = None
+        counters = (self.requests, self.input, self.output, self.cache_read, self.cache_creation)
+        if all(type(c._value) is PlainValue for c in counters) and all(
+            type(h._sum) is PlainValue for h in (self.duration, self.ttft)
+        ):
+            self.plain = (*(c._value for c in counters), _plain_histogram(self.duration), _plain_histogram(self.ttft))
+
+
+_PlainHistogram = tuple[PlainValue, list[PlainValue], tuple[float, ...]]
+"""A histogram child's sum, its (non-cumulative) buckets and their upper bounds, as prometheus-client keeps them."""
+_Plain = tuple[PlainValue, PlainValue, PlainValue, PlainValue, PlainValue, _PlainHistogram, _PlainHistogram]
+"""The requests counter, the four token counters (TOKEN_TYPES' order) and the duration and TTFT histograms."""
+
+
+def _plain_histogram(child: Any) -> _PlainHistogram:
+    return child._sum, child._buckets, tuple(child._upper_bounds)
+
+
+def _add(value: PlainValue, amount: float) -> None:
+    """``Counter.inc``'s check, then the add."""
+    if amount < 0:
+        raise ValueError("Counters can only be incremented by non-negative amounts.")
+    value._value += amount
+
+
+def _record_plain(plain: _Plain, usage: Usage, duration: float | None, ttft: float | None) -> None:
+    """``record_request``'s updates on its children's ``PlainValue`` s (``duration`` None: not timed)."""
+    requests, input_, output, cache_read, cache_creation, duration_h, ttft_h = plain
+    requests._value += 1.0
+    if usage.input_tokens:
+        _add(input_, usage.input_tokens)
+    if usage.output_tokens:
+        _add(output, usage.output_tokens)
+    if usage.cache_read_input_tokens:
+        _add(cache_read, usage.cache_read_input_tokens)
+    if usage.cache_creation_input_tokens:
+        _add(cache_creation, usage.cache_creation_input_tokens)
+    if duration is not None:
+        _observe(duration_h, duration)
+        if ttft is not None:
+            _observe(ttft_h, ttft)
+
+
+def _observe(histogram: _PlainHistogram, amount: float) -> None:
+    """``Histogram.observe``: the sum, and the first bucket whose bound is at least ``amount`` (found by bisection;
+    none for a NaN, as prometheus-client's walk finds none)."""
+    total, buckets, bounds = histogram
+    total._value += amount
+    i = bisect_left(bounds, amount)
+    if i < len(bounds) and amount <= bounds[i]:
+        buckets[i]._value += 1.0
 
 
 class TelemetryMetrics:
