@@ -867,6 +867,27 @@ AddrInfo = tuple[Any, ...]  # getaddrinfo's (family, type, proto, canonname, soc
 Resolve = Callable[[str, int], Awaitable[list[Any]]]
 
 
+_PARSED: dict[str, tuple[tuple[str, str, int], str, str]] = {}
+_MAX_PARSED = 1024
+
+
+def parsed_url(url: str) -> tuple[tuple[str, str, int], str, str]:
+    """An upstream URL's pool key ``(scheme, host, port)``, its request target (path and query) and its ``Host``
+    (the netloc), parsed once per URL: a provider's URLs are few and come back with every request, and
+    ``urlsplit``'s ``port`` and ``hostname`` parse the netloc again at each read. (Forgotten all at once past
+    1,024 URLs; a URL ``urlsplit`` refuses raises each time, as it did.)"""
+    found = _PARSED.get(url)
+    if found is None:
+        parts = urlsplit(url)
+        scheme = parts.scheme
+        key = (scheme, parts.hostname or "", parts.port or (443 if scheme == "https" else 80))
+        found = (key, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), parts.netloc)
+        if len(_PARSED) >= _MAX_PARSED:
+            _PARSED.clear()
+        _PARSED[url] = found
+    return found
+
+
 class H1Client:
     """The upstream client on ``asyncio.Protocol`` + ``httptools``: one pool of keep-alive connections per origin
     (LIFO, so the warmest is reused and the coldest expire), names resolved through a cache (``DNS_TTL_S``), every
@@ -1022,17 +1043,14 @@ class H1Client:
     async def send(
         self, method: str, url: str, *, headers: Mapping[str, str], body: bytes | None, timeouts: Timeouts
     ) -> _H1Response:
-        parts = urlsplit(url)
-        scheme = parts.scheme
-        port = parts.port or (443 if scheme == "https" else 80)
-        key = (scheme, parts.hostname or "", port)
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        key, target, netloc = parsed_url(url)
+        scheme, _, port = key
         proxy = self._proxy(scheme, key[1], port, timeouts.proxy) if self._proxies.env or timeouts.proxy else None
         if proxy is not None and scheme == "http":  # plain HTTP through a proxy: the absolute form, to the proxy
-            target = f"http://{parts.netloc}{target}"
+            target = f"http://{netloc}{target}"
             if proxy.authorization:
                 headers = {**headers, "Proxy-Authorization": proxy.authorization}
-        head = _request_head(method, target, parts.netloc, headers, body)
+        head = _request_head(method, target, netloc, headers, body)
         for attempt in (0, 1):  # a pooled connection the provider closed meanwhile: once more on a fresh one
             conn = self._pooled(key) if attempt == 0 else None
             reused = conn is not None

@@ -265,3 +265,43 @@ def test_the_read_timeout_is_the_silence_since_the_last_read() -> None:
         await client.aclose()
 
     serve(handler, test)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080/v1/messages",
+        "https://api.anthropic.com/v1/messages?beta=true",
+        "https://bedrock-runtime.us-east-1.amazonaws.com/model/anthropic.claude-sonnet-4-6/invoke-with-response-stream",
+        "http://[::1]:9000",
+        "https://user@Example.COM/p",
+    ],
+)
+def test_a_url_is_parsed_once_into_what_urlsplit_gives(url: str) -> None:
+    from urllib.parse import urlsplit
+
+    from gateway.wire import upstream
+
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    want = (
+        (parts.scheme, parts.hostname or "", port),
+        (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+    )
+    first = upstream.parsed_url(url)
+    assert (first[0], first[1], first[2]) == (*want, parts.netloc)
+    assert upstream.parsed_url(url) is first  # remembered
+
+
+def test_the_parsed_urls_are_bounded_and_a_bad_one_raises_each_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.wire import upstream
+
+    monkeypatch.setattr(upstream, "_PARSED", {})
+    monkeypatch.setattr(upstream, "_MAX_PARSED", 3)
+    for n in range(7):
+        upstream.parsed_url(f"http://h{n}/")
+        assert len(upstream._PARSED) <= 3
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            upstream.parsed_url("http://h:99999/")
+    assert "http://h:99999/" not in upstream._PARSED
