@@ -21,7 +21,7 @@ import ssl
 import urllib.request
 import zlib
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, ItemsView, Iterator, Mapping
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from urllib.parse import unquote, urlsplit
@@ -456,6 +456,9 @@ class _H1Headers(Mapping[str, str]):
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def items(self) -> ItemsView[str, str]:  # the dict's own view: not Mapping's, which looks each name up again
+        return self._items.items()
 
 
 class _Conn(asyncio.Protocol):

@@ -305,3 +305,12 @@ def test_the_parsed_urls_are_bounded_and_a_bad_one_raises_each_time(monkeypatch:
         with pytest.raises(ValueError):
             upstream.parsed_url("http://h:99999/")
     assert "http://h:99999/" not in upstream._PARSED
+
+
+def test_the_response_headers_are_case_insensitive_and_their_items_the_stored_ones() -> None:
+    from gateway.wire.upstream import _H1Headers
+
+    headers = _H1Headers({"request-id": "req_1", "content-type": "text/event-stream"})
+    assert headers["Request-Id"] == "req_1" and "CONTENT-TYPE" in headers and headers.get("X", "d") == "d"
+    assert list(headers.items()) == [("request-id", "req_1"), ("content-type", "text/event-stream")]
+    assert dict(headers) == dict(headers.items()) and len(headers) == 2
