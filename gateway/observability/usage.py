@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gateway.context import RequestContext
+from gateway.observability.metrics import bump
 from gateway.observability.recording import Finished, Recorder, access_line, access_log
 from gateway.wire.events import EventView
 from gateway.wire.usage_fold import EMPTY, cost_of, fold_usage, overwrite_present, total_tokens, usage_of
@@ -95,7 +96,7 @@ class UsageTally:
 
     def begin(self) -> None:
         """The request is being served: counted in flight until ``record``."""
-        self._metrics.inflight.inc()
+        bump(self._metrics.inflight, 1)
         self.inflight = True
 
     def first_byte(self) -> None:
@@ -127,7 +128,7 @@ class UsageTally:
             return False
         self.recorded = outcome
         if self.inflight:
-            self._metrics.inflight.dec()
+            bump(self._metrics.inflight, -1)
         self._recorder.record(self.finished(outcome))
         return True
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from prometheus_client import values
 
 from gateway.observability import metrics as metrics_module
-from gateway.observability.metrics import Metrics, PlainValue
+from gateway.observability.metrics import Metrics, PlainValue, bump
 from gateway.wire.events import Usage
 
 
@@ -30,9 +30,15 @@ def exercise(m: Metrics) -> bytes:
             cost=0.01 * n if n % 4 else None,
         )
         m.inflight.inc()
+        bump(m.inflight, 1)  # the request path's own (a PlainValue's add, or the wrapper's inc)
         m.added_latency.labels("sonnet", "claude").observe(0.0003 * n)
         m.upstream_errors.labels("claude", "overloaded_error").inc()
         m.inflight.dec()
+        bump(m.inflight, -1 if n % 5 else 0)
+        key = ("https", "api.anthropic.com", 443)
+        m.pools.idle(key, 1 if n % 2 else -1)
+        if n % 3:
+            m.pools.reused(key)
     m.ledger_queue(7)
     lines = m.render().decode().splitlines()
     return "\n".join(line for line in lines if "_created" not in line).encode()  # creation times differ
