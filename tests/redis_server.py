@@ -51,11 +51,32 @@ class RedisServer:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
                     conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith((b"+PONG", b"-NOAUTH")):
+                    reply = conn.recv(16)
+                    if reply.startswith(b"+PONG"):
+                        self._check_answering_is_ours(conn)
+                        return
+                    if reply.startswith(b"-NOAUTH"):
                         return
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError("redis-server did not start")
+
+    def _check_answering_is_ours(self, conn: socket.socket) -> None:
+        """The server answering on the port is the process just started, not another test's that took the port
+        while it was free (``INFO server``'s ``process_id``)."""
+        conn.sendall(b"INFO server\r\n")
+        reply = b""
+        while b"\r\n" not in reply or len(reply) < int(reply[1 : reply.index(b"\r\n")]) + reply.index(b"\r\n") + 4:
+            chunk = conn.recv(65536)
+            if not chunk:
+                raise RuntimeError("redis-server closed the connection during INFO")
+            reply += chunk
+        pid = int(reply.split(b"process_id:", 1)[1].split(b"\r\n", 1)[0])
+        assert self.proc is not None
+        if pid != self.proc.pid:
+            raise RuntimeError(
+                f"port {self.port}: another redis-server (pid {pid}) answers, not ours ({self.proc.pid})"
+            )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
