@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -463,6 +464,14 @@ _KEY_BUMP = "UPDATE api_keys_version SET version = version + 1"  # the row lock 
 _SQL_COLUMNS = tuple("user_name" if c == "user" else c for c in COLUMNS)  # `user` is reserved in PostgreSQL
 
 
+@functools.lru_cache(maxsize=8)
+def _sqlite_insert(rows: int) -> str:
+    """``INSERT`` of ``rows`` ledger rows in one statement (a stored row's ``request_id`` again: nothing)."""
+    marks = "(" + ", ".join("?" * len(_SQL_COLUMNS)) + ")"
+    values = ", ".join([marks] * rows)
+    return f"INSERT INTO requests ({', '.join(_SQL_COLUMNS)}) VALUES {values} ON CONFLICT (request_id) DO NOTHING"
+
+
 def _column(name: str) -> str:
     return "user_name" if name == "user" else name
 
@@ -575,14 +584,22 @@ class SqliteStore:
         await self._write(_sqlite_migrate)
 
     async def write(self, rows: Sequence[LedgerRow]) -> None:
-        marks = ", ".join("?" * len(_SQL_COLUMNS))
-        sql = f"INSERT INTO requests ({', '.join(_SQL_COLUMNS)}) VALUES ({marks}) ON CONFLICT (request_id) DO NOTHING"
-        values = [tuple(msgspec.structs.astuple(row)) for row in rows]
+        """The rows in one transaction, as few multi-row ``INSERT``s as the connection's limit on parameters allows
+        (1,489 rows a statement at SQLite's default of 32,766). Not ``executemany``: it steps the statement once a
+        row, and ``sqlite3`` gives the GIL up around each step, so a batch of 1,000 rows hands the GIL to and from
+        the event loop's thread 1,000 times while the loop is busy. Measured (``bench.run --quick --scenarios
+        json-c10 --store sqlite`` against no ledger, alternating runs): +89 and +51 µs of the gateway's CPU per
+        JSON request with ``executemany``; +43, +34 with one statement a batch."""
+        values = [value for row in rows for value in msgspec.structs.astuple(row)]
 
         def work(db: sqlite3.Connection) -> None:
+            per = max(1, db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(_SQL_COLUMNS))
+            width = len(_SQL_COLUMNS)
             db.execute("BEGIN")
             try:
-                db.executemany(sql, values)
+                for start in range(0, len(rows), per):
+                    count = min(per, len(rows) - start)
+                    db.execute(_sqlite_insert(count), values[start * width : (start + count) * width])
             except BaseException:
                 db.execute("ROLLBACK")
                 raise

@@ -423,3 +423,31 @@ def test_a_version_3_ledger_gives_its_keys_their_names_as_ids_so_their_history_s
     assert [(k.id, k.name) for k in after] == [("apikey_01NEW", "dev-2")]
     assert version == 2  # the add and the delete (the migration changed no key)
     run(open_store(store_url), lambda store: store.write([]))  # a restart finds schema 4 and changes nothing
+
+
+def test_sqlite_writes_a_batch_in_statements_of_as_many_rows_as_its_parameters_allow_and_keeps_each_exactly(
+    tmp_path: Path,
+) -> None:
+    """SQLite's writer puts many rows in one ``INSERT`` (one step, one hand-over of the GIL a batch): with the
+    connection's limit lowered to three rows' parameters, a batch of ten rows (one of them twice, one already
+    stored) goes in four statements, and every stored value is the one written, floats to the bit."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    store = open_store(url)
+    width = len(msgspec.structs.fields(LedgerRow))
+    rows = [row(i, cost_usd=0.1 * i + 1e-17 * i, duration_ms=i / 3) for i in range(10)]
+    statements: list[str] = []
+
+    async def work(store: Store) -> Any:
+        await store.write([rows[0]])
+        db = store._db  # type: ignore[attr-defined]
+        db.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 3 * width + 2)
+        db.set_trace_callback(lambda sql: statements.append(sql) if sql.startswith("INSERT") else None)
+        await store.write([*rows, rows[4]])
+
+    run(store, work)
+    assert len(statements) == 4  # 11 rows, 3 a statement
+    db = sqlite3.connect(tmp_path / "ledger.db")
+    names = ", ".join("user_name" if f.name == "user" else f.name for f in msgspec.structs.fields(LedgerRow))
+    stored = db.execute(f"SELECT {names} FROM requests ORDER BY started_ms").fetchall()
+    db.close()
+    assert stored == [msgspec.structs.astuple(r) for r in rows]
