@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import re
 import shutil
 import socket
 import subprocess
@@ -66,12 +67,12 @@ class RedisServer:
         while it was free (``INFO server``'s ``process_id``)."""
         conn.sendall(b"INFO server\r\n")
         reply = b""
-        while b"\r\n" not in reply or len(reply) < int(reply[1 : reply.index(b"\r\n")]) + reply.index(b"\r\n") + 4:
+        while (found := re.search(rb"\r\nprocess_id:(\d+)\r\n", reply)) is None:
             chunk = conn.recv(65536)
             if not chunk:
                 raise RuntimeError("redis-server closed the connection during INFO")
             reply += chunk
-        pid = int(reply.split(b"process_id:", 1)[1].split(b"\r\n", 1)[0])
+        pid = int(found[1])
         assert self.proc is not None
         if pid != self.proc.pid:
             raise RuntimeError(

@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from gateway.governance.store import (
+    _SQL_COLUMNS,
     SCHEMA_VERSION,
     IssuedKey,
     LedgerRow,
@@ -428,26 +429,26 @@ def test_a_version_3_ledger_gives_its_keys_their_names_as_ids_so_their_history_s
 def test_sqlite_writes_a_batch_in_statements_of_as_many_rows_as_its_parameters_allow_and_keeps_each_exactly(
     tmp_path: Path,
 ) -> None:
-    """SQLite's writer puts many rows in one ``INSERT`` (one step, one hand-over of the GIL a batch): with the
-    connection's limit lowered to three rows' parameters, a batch of ten rows (one of them twice, one already
-    stored) goes in four statements, and every stored value is the one written, floats to the bit."""
+    """SQLite's writer puts many rows in one ``INSERT`` (one step, one hand-over of the GIL): with the connection's
+    limit lowered to five rows' parameters, a batch of eleven rows (one of them twice, one already stored) goes in
+    statements of 5, 5 and 1 rows and one of eight in 5, 2 and 1 — the most the limit allows, then powers of two, so
+    few statement sizes are ever compiled — and every stored value is the one written, floats to the bit."""
     url = f"sqlite:///{tmp_path}/ledger.db"
     store = open_store(url)
-    width = len(msgspec.structs.fields(LedgerRow))
-    rows = [row(i, cost_usd=0.1 * i + 1e-17 * i, duration_ms=i / 3) for i in range(10)]
+    rows = [row(i, cost_usd=0.1 * i + 1e-17 * i, duration_ms=i / 3) for i in range(18)]
     statements: list[str] = []
 
     async def work(store: Store) -> Any:
         await store.write([rows[0]])
         db = store._db  # type: ignore[attr-defined]
-        db.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 3 * width + 2)
+        db.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 5 * len(_SQL_COLUMNS) + 3)
         db.set_trace_callback(lambda sql: statements.append(sql) if sql.startswith("INSERT") else None)
-        await store.write([*rows, rows[4]])
+        await store.write([*rows[:10], rows[4]])
+        await store.write(rows[10:])
 
     run(store, work)
-    assert len(statements) == 4  # 11 rows, 3 a statement
+    assert [sql.count("), (") + 1 for sql in statements] == [5, 5, 1, 5, 2, 1]
     db = sqlite3.connect(tmp_path / "ledger.db")
-    names = ", ".join("user_name" if f.name == "user" else f.name for f in msgspec.structs.fields(LedgerRow))
-    stored = db.execute(f"SELECT {names} FROM requests ORDER BY started_ms").fetchall()
+    stored = db.execute(f"SELECT {', '.join(_SQL_COLUMNS)} FROM requests ORDER BY started_ms").fetchall()
     db.close()
     assert stored == [msgspec.structs.astuple(r) for r in rows]
