@@ -46,10 +46,10 @@ BODIES = {
 }
 
 
-def _config(upstream_port: int, sink_port: int | None, options: str = "") -> str:
+def _config(upstream_port: int, sink_port: int | None, options: str = "", limits: str = "off") -> str:
     from bench.run import gateway_config, tracing_yaml
 
-    yaml = gateway_config(0, upstream_port)
+    yaml = gateway_config(0, upstream_port, limits=limits)
     return yaml + (tracing_yaml(sink_port, options) if sink_port is not None else "")
 
 
@@ -176,7 +176,7 @@ def _child(args: argparse.Namespace) -> None:
     os.sched_setaffinity(0, {0})
     import uvloop
 
-    config = _config(args.upstream_port, args.sink_port, args.options)
+    config = _config(args.upstream_port, args.sink_port, args.options, args.limits)
     measured = uvloop.run(_measure(config, args.stream, args.n, args.c, args.windows, args.counted))
     print(json.dumps(measured), flush=True)
 
@@ -221,11 +221,15 @@ def _instructions(path: Path) -> int:
     raise RuntimeError(f"{path}: no summary line")
 
 
-def _run_child(args: argparse.Namespace, upstream: int, sink: int | None, stream: bool, out: Path | None) -> float:
+def _run_child(
+    args: argparse.Namespace, upstream: int, sink: int | None, stream: bool, out: Path | None, limits: str = "off"
+) -> float:
     """One child's figure: µs of CPU per request, or (``out``: under callgrind, the dump written there)
     instructions per request."""
     argv = [sys.executable, "-m", "bench.request_loop", "--child", "--upstream-port", str(upstream)]
     argv += ["-c", str(args.c), *["--stream"] * stream]
+    if limits != "off":
+        argv += ["--limits", limits]
     if sink is not None:
         argv += ["--sink-port", str(sink), "--options", args.options]
     if out is None:
@@ -247,6 +251,12 @@ def main() -> None:
     parser.add_argument("--scenarios", nargs="+", default=["burst-c10", "json-c10"], choices=["burst-c10", "json-c10"])
     parser.add_argument("--control", action="store_true", help="A/A: the 'on' child runs without tracing too")
     parser.add_argument("--options", default="", help="more telemetry.otlp settings, 'k: v; k2: v2'")
+    parser.add_argument(
+        "--limits",
+        default="off",
+        help="the 'on' child has rate limits no request reaches (memory, or a redis:// URL: start that redis-server "
+        "on core 1) in place of tracing: what the limiter costs a request",
+    )
     parser.add_argument(
         "--instructions",
         metavar="DIR",
@@ -274,9 +284,10 @@ def main() -> None:
             for r in range(1 if counting else args.rounds):
                 pair: dict[str, float] = {}
                 for which in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                    traced = sink if which == "on" and not args.control else None
+                    limited = args.limits if which == "on" and not args.control else "off"
+                    traced = sink if which == "on" and not args.control and limited == "off" else None
                     out = args.instructions / f"{scenario}-{which}" if counting else None
-                    pair[which] = _run_child(args, upstream, traced, stream, out)
+                    pair[which] = _run_child(args, upstream, traced, stream, out, limited)
                 diffs.append(pair["on"] - pair["off"])
                 print(
                     f"{scenario} round {r + 1}: off {pair['off']:.1f} on {pair['on']:.1f} {unit} "

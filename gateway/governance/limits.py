@@ -58,6 +58,7 @@ from gateway.wire.errors import GatewayError, InvalidRequest
 
 if TYPE_CHECKING:
     from gateway.governance.keys import ClientKey
+    from gateway.governance.redis_client import Unawaited
     from gateway.routing.table import Route
 
 __all__ = [
@@ -232,16 +233,18 @@ class MemoryCounters:
         self._expires: dict[str, float] = {}
 
     def _expire(self, now: float) -> None:
-        if len(self._expires) > 4096:
-            for key in [k for k, at in self._expires.items() if at <= now]:
-                self.values.pop(key, None)
-                del self._expires[key]
+        for key in [k for k, at in self._expires.items() if at <= now]:
+            self.values.pop(key, None)
+            del self._expires[key]
 
     def admit_now(self, checks: Sequence[Check], adds: Sequence[Add], now: float) -> tuple[int, list[float]]:
-        values = [self.values.get(key, 0.0) for key, _ in checks]
-        for i, ((_, limit), value) in enumerate(zip(checks, values, strict=True)):
-            if value >= limit:
+        held = self.values
+        values = [held.get(key, 0.0) for key, _ in checks]
+        i = 0
+        for _, limit in checks:  # (a loop of its own, not zip/enumerate: this runs for every request)
+            if values[i] >= limit:
                 return i, values
+            i += 1  # noqa: SIM113 (enumerate and zip cost more, for every request)
         self.add_now(adds, now)
         return -1, values
 
@@ -254,16 +257,19 @@ class MemoryCounters:
                 self._expires[key] = now + ttl
 
     def add_now(self, adds: Sequence[Add], now: float) -> None:
+        values, expires = self.values, self._expires
         for key, amount, ttl in adds:
             if amount < 0:  # a slot given back: never below zero, never into a counter that has expired
-                if key not in self.values or self._expires.get(key, math.inf) <= now:
+                if key not in values or expires.get(key, math.inf) <= now:
                     continue
-                self.values[key] = max(0.0, self.values[key] + amount)
+                left = values[key] + amount
+                values[key] = left if left > 0.0 else 0.0
             else:
-                self.values[key] = self.values.get(key, 0.0) + amount
+                values[key] = values.get(key, 0.0) + amount
             if ttl:
-                self._expires[key] = now + ttl
-        self._expire(now)
+                expires[key] = now + ttl
+        if len(expires) > 4096:
+            self._expire(now)
 
     async def admit(self, checks: Sequence[Check], adds: Sequence[Add]) -> tuple[int, list[float]]:
         return self.admit_now(checks, adds, time.time())
@@ -353,14 +359,34 @@ class RedisCounters:
         self._raise = Script(_RAISE)
 
     async def admit(self, checks: Sequence[Check], adds: Sequence[Add]) -> tuple[int, list[float]]:
-        return await self._admitted(self._redis.send_prepared(self._prepare(checks, adds)))
+        sent = self._redis.send_prepared(self._prepare(checks, adds))
+        try:
+            return self.admitted(await sent)
+        except Exception as exc:
+            if (failure := self.failure(exc)) is None:
+                raise
+            raise failure from exc
 
-    async def admit_planned(self, plan: _Plan) -> tuple[int, list[float]]:
-        """``admit`` of a plan's checks and adds, packed once for all the admissions of its minute."""
+    def admit_planned(self, plan: _Plan) -> Awaitable[Any]:
+        """``admit`` of a plan's checks and adds, packed once for all the admissions of its minute: the reply
+        to give ``admitted`` (awaited by the limiter itself: a coroutine less between the request and Redis)."""
         prepared = plan.prepared
         if prepared is None:
             prepared = plan.prepared = self._prepare(plan.checks, plan.adds)
-        return await self._admitted(self._redis.send_prepared(prepared))
+        return self._redis.send_prepared(prepared)
+
+    @staticmethod
+    def admitted(reply: Any) -> tuple[int, list[float]]:
+        """``admit``'s answer from the script's reply."""
+        failed, values = reply
+        return int(failed), [float(v) for v in values]
+
+    @staticmethod
+    def failure(exc: Exception) -> CountersError | None:
+        """The store's error (``CountersError``) that ``exc``, raised by a call, stands for; None: not one."""
+        from gateway.governance.redis_client import RedisUnavailable, ReplyError
+
+        return CountersError(str(exc)) if isinstance(exc, (RedisUnavailable, ReplyError)) else None
 
     def _prepare(self, checks: Sequence[Check], adds: Sequence[Add]) -> Any:
         prefix = self._prefix
@@ -368,22 +394,23 @@ class RedisCounters:
         args = [len(checks), *(limit for _, limit in checks), *(a for _, a, _ in adds), *(t for _, _, t in adds)]
         return self._redis.prepare(self._admit, keys, args)
 
-    @staticmethod
-    async def _admitted(sent: Awaitable[Any]) -> tuple[int, list[float]]:
-        from gateway.governance.redis_client import RedisUnavailable, ReplyError
-
-        try:
-            failed, values = await sent
-        except (RedisUnavailable, ReplyError) as exc:
-            raise CountersError(str(exc)) from exc
-        return int(failed), [float(v) for v in values]
-
     def add(self, adds: Sequence[Add]) -> Awaitable[None]:
-        """Sent at once; the future fails with the store's error (the limiter counts it, nothing waits on it)."""
+        """Sent at once; the future fails with the store's error."""
         prefix = self._prefix
         return self._redis.evalsha(
             self._add, [prefix + key for key, _, _ in adds], [a for _, a, _ in adds] + [t for _, _, t in adds]
         )
+
+    def add_unawaited(self, adds: Sequence[Add], waiter: Unawaited) -> None:
+        """``add`` that nobody awaits (the limiter's settlements and flushes): sent at once, a failure handed to
+        ``waiter.on_error``; ``drain`` waits for every one sent."""
+        prefix = self._prefix
+        keys = [prefix + key for key, _, _ in adds]
+        self._redis.evalsha_unawaited(self._add, keys, [a for _, a, _ in adds] + [t for _, _, t in adds], waiter)
+
+    async def drain(self) -> None:
+        """Every command sent so far answered, or failed."""
+        await self._redis.drain()
 
     async def read(self, keys: Sequence[str]) -> list[float]:
         """The counters' values (0 for one not set), in one round trip."""
@@ -422,11 +449,11 @@ class Lease:
     ``message_delta``), and it is settled once, with the totals it ended with (partial for a failed or cancelled
     stream), which also gives back its slot in flight."""
 
-    __slots__ = ("_cost", "_limiter", "_pending", "_rules", "_tokens", "_usage", "settled")
+    __slots__ = ("_cost", "_giveback", "_limiter", "_pending", "_tokens", "_usage", "settled")
 
-    def __init__(self, limiter: Limiter, rules: Sequence[Rule], usage: Sequence[Usage] = ()) -> None:
+    def __init__(self, limiter: Limiter, giveback: list[Add], usage: Sequence[Usage] = ()) -> None:
         self._limiter = limiter
-        self._rules = rules  # the rules that hold a slot in flight (a spend limit's holds none)
+        self._giveback = giveback  # its slots in flight given back (a spend limit's rule holds none): _giveback()
         self._usage = usage  # where its tokens and cost go: the admission's windows (module docstring)
         self._tokens = 0  # counted so far
         self._cost = 0.0
@@ -440,8 +467,12 @@ class Lease:
         more, spent = tokens - self._tokens, (cost or 0.0) - self._cost
         if more <= 0 and spent <= 0:
             return
-        self._tokens, self._cost = tokens, self._cost + max(0.0, spent)
-        self._limiter.count(self, max(0, more), max(0.0, spent))
+        if more < 0:
+            more = 0
+        if spent < 0.0:
+            spent = 0.0
+        self._tokens, self._cost = tokens, self._cost + spent
+        self._limiter.count(self, more, spent)
 
     def settle(self, tokens: int, cost: float | None) -> None:
         if self.settled:
@@ -458,14 +489,15 @@ class _Plan:
     limits and resets (only ``remaining`` changes). ``limits``: the rules' settings it was made from (compared by
     identity: a reloaded config makes new ones, and a new plan)."""
 
-    __slots__ = ("adds", "checks", "headers", "limits", "minute", "prepared", "usage", "what")
+    __slots__ = ("adds", "checks", "giveback", "headers", "minute", "prepared", "rules", "usage", "what")
 
     def __init__(self, rules: Sequence[Rule], minute: int, planned: _Planned) -> None:
-        self.limits = tuple(limits for _, limits in rules)
+        self.rules = rules  # (Limiter._key_rules's: one object per key and config)
         self.minute = minute
         self.checks, self.what, self.adds, self.usage = planned
         self.prepared: Any = None  # its admission packed for Redis (RedisCounters.admit_planned), once asked
         self.headers = _header_table(self.checks, self.what)
+        self.giveback = _giveback(rules)
 
 
 # Per header kind (requests, tokens): its three header names, whether this request counts in it, and for each of its
@@ -494,18 +526,24 @@ def _rate_headers(table: _HeaderTable, values: Sequence[float], *, counted: bool
     ``counted``)."""
     headers: dict[str, str] = {}
     for limit_name, remaining_name, reset_name, requests, mine in table:
-        best: tuple[float, str, str] | None = None
-        for i, limit, limit_text, reset_text in mine:
-            remaining = limit - values[i] - (1 if counted and requests else 0)
+        taken = 1 if counted and requests else 0
+        least = math.inf
+        least_limit = least_reset = ""
+        for i, limit, limit_text, reset_text in mine:  # (a kind is in the table only with a check)
+            remaining = limit - values[i] - taken
             if remaining < 0.0:
                 remaining = 0.0
-            if best is None or remaining < best[0]:
-                best = (remaining, limit_text, reset_text)
-        assert best is not None  # (a kind is in the table only with a check)
-        headers[limit_name] = best[1]
-        headers[remaining_name] = str(int(best[0]))
-        headers[reset_name] = best[2]
+            if remaining < least:
+                least, least_limit, least_reset = remaining, limit_text, reset_text
+        headers[limit_name] = least_limit
+        headers[remaining_name] = str(int(least))
+        headers[reset_name] = least_reset
     return headers
+
+
+def _giveback(rules: Sequence[Rule]) -> list[Add]:
+    """What a lease under ``rules`` gives back when it is settled: its slot in flight under each."""
+    return [(f"{scope}|inflight", -1, _INFLIGHT_TTL) for scope, _ in rules]
 
 
 _RPM = "requests_per_minute"
@@ -532,7 +570,8 @@ class Limiter:
         self._policy = on_store_error
         self._store_errors = store_errors
         self._logged_at = 0.0
-        self._sent: set[asyncio.Future[Any]] = set()  # settlements and flushes under way
+        self._sent: set[asyncio.Future[Any]] = set()  # settlements and flushes under way (but Redis's: drained)
+        self._unawaited: Unawaited | None = None  # in a future's place for Redis's (RedisCounters.add_unawaited)
         self._waiting: set[Lease] = set()  # leases with counts not yet sent to shared counters
         self._flush_at: asyncio.TimerHandle | None = None
         self._period_s = _test_period()
@@ -543,7 +582,9 @@ class Limiter:
         # refusals by (scope, limit kind) since the limiter was made: this process's own (a worker's, not shared)
         self.refusals: collections.Counter[tuple[str, str]] = collections.Counter()
         self.started_at = clock()
-        self._plans: dict[tuple[str, ...], _Plan] = {}  # by the rules' scopes: this minute's plan (_Plan)
+        self._plans: dict[int, _Plan] = {}  # by the id of its rules (_key_rules's): this minute's plan
+        # by the id of a key (or None): (the key, the config, its rules under it, whether one has a budget)
+        self._rules_of: dict[int, tuple[ClientKey | None, Settings, Sequence[Rule], bool]] = {}
 
     @staticmethod
     def rules(settings: Settings, key: ClientKey | None) -> list[Rule]:
@@ -558,19 +599,37 @@ class Limiter:
                 out.append((f"team:{key.team}", team.limits))
         return out
 
+    def _key_rules(self, settings: Settings, key: ClientKey | None) -> tuple[Sequence[Rule], bool]:
+        """``rules`` of ``key`` under ``settings``, and whether one has a budget: made once per key and config (both
+        immutable: a reload, or a key issued again, is a new object, and gets rules of its own)."""
+        held = self._rules_of.get(id(key))
+        if held is not None and held[0] is key and held[1] is settings:
+            return held[2], held[3]
+        rules = tuple(self.rules(settings, key))
+        budget = any(limits.budget is not None for _, limits in rules)
+        if len(self._rules_of) >= _MAX_PLANS:
+            self._rules_of.clear()
+        self._rules_of[id(key)] = (key, settings, rules, budget)  # (holds the key: its id is no one else's)
+        return rules, budget
+
     def all_rules(self, settings: Settings, key: ClientKey | None) -> Sequence[Rule]:
         """``rules`` and, for a principal with a user, the spend limits' (``gateway.governance.spend_limits``)."""
-        rules = self.rules(settings, key)
+        rules = self._key_rules(settings, key)[0]
         spend = self.spend
         if spend is not None and key is not None and key.user:
             extra = spend(key)
             if extra:
                 return [*rules, *extra]
-        return rules
+        return list(rules)
 
     def budgeted(self, settings: Settings, key: ClientKey | None) -> bool:
         """Whether a budget applies to the key's requests (its own or its default, its team's, a spend limit)."""
-        return any(limits.budget is not None for _, limits in self.all_rules(settings, key))
+        if self._key_rules(settings, key)[1]:
+            return True
+        spend = self.spend
+        if spend is not None and key is not None and key.user:
+            return any(limits.budget is not None for _, limits in spend(key))
+        return False
 
     async def seed(self, spent: Mapping[str, tuple[float, float]]) -> None:
         """Budget counters from the ledger (``seed_budgets``): each ``{scope}|usd|{window}`` raised to at least the
@@ -582,23 +641,16 @@ class Limiter:
         elif isinstance(self.counters, RedisCounters) and values:
             await self.counters.raise_to(values)
 
-    def _cached_plan(self, rules: Sequence[Rule], now: float) -> _Plan | None:
-        """This minute's plan of ``rules`` (made once a minute per key), or None for rules with a budget (whose
-        windows are not minutes: planned at each admission)."""
+    def _cached_plan(self, rules: Sequence[Rule], now: float) -> _Plan:
+        """This minute's plan of ``rules`` (``_key_rules``'s, without a budget: a budget's windows are not minutes,
+        so it is planned at each admission), made once a minute per key and config."""
         minute = int(now // 60)
-        scopes = tuple(scope for scope, _ in rules)
-        plan = self._plans.get(scopes)
-        if (
-            plan is not None
-            and plan.minute == minute
-            and all(a is b for a, b in zip(plan.limits, (limits for _, limits in rules), strict=True))
-        ):
+        plan = self._plans.get(id(rules))
+        if plan is not None and plan.rules is rules and plan.minute == minute:
             return plan
-        if any(limits.budget is not None for _, limits in rules):
-            return None
         if len(self._plans) >= _MAX_PLANS:
             self._plans.clear()
-        plan = self._plans[scopes] = _Plan(rules, minute, self._plan(rules, now))
+        plan = self._plans[id(rules)] = _Plan(rules, minute, self._plan(rules, now))  # (holds rules: the id is theirs)
         return plan
 
     def _plan(
@@ -636,22 +688,15 @@ class Limiter:
         """A lease for a request under every rule that applies (None when none does) and the rate-limit headers
         for its response; ``RateLimited`` or ``BudgetExceeded`` when a limit is reached. A signed-in principal
         (``ClientKey.session``) under a budget gets Claude Code's headers (``gateway.governance.overage``)."""
-        rules = self.rules(settings, key)
-        spent: Sequence[Rule] = ()
-        if key is not None and key.user:  # under the spend limits too
-            seeding = self.seeding
-            if seeding is not None and not seeding.done():
-                await _wait(seeding)  # at start-up: once the limits, and the ledger's spend under them, are read
-            spend = self.spend
-            if spend is not None:
-                spent = spend(key)
+        rules, budget = self._key_rules(settings, key)
+        spent = await self._spend_rules(key) if key is not None and key.user else ()
         if not rules and not spent:
             return None, {}
         seeding = self.seeding
-        if seeding is not None and not seeding.done() and any(limits.budget for _, limits in rules):
+        if budget and seeding is not None and not seeding.done():
             await _wait(seeding)  # a budget is checked against the ledger's spend, once read
         now = self._clock()
-        plan = None if spent else self._cached_plan(rules, now)
+        plan = None if spent or budget else self._cached_plan(rules, now)
         if plan is not None:
             checks, what, adds, usage = plan.checks, plan.what, plan.adds, plan.usage
             rules_all: Sequence[Rule] = rules
@@ -662,8 +707,19 @@ class Limiter:
                 rules_all = [*rules, *spent]
             else:
                 rules_all = rules
+        counters = self.counters
         try:
-            failed, values = await self._counted(plan, checks, adds, now)
+            if isinstance(counters, MemoryCounters):  # on the limiter's clock, as its counts and settlements
+                failed, values = counters.admit_now(checks, adds, now)
+            elif plan is not None and isinstance(counters, RedisCounters):
+                try:
+                    failed, values = counters.admitted(await counters.admit_planned(plan))
+                except Exception as exc:
+                    if (failure := counters.failure(exc)) is None:
+                        raise
+                    raise failure from exc
+            else:
+                failed, values = await counters.admit(checks, adds)
         except CountersError as exc:
             self._store_error(exc)
             if self._policy == "deny":
@@ -678,18 +734,15 @@ class Limiter:
             raise refusal
         if key is not None and key.session:
             headers.update(overage.allowed_headers(_caps(rules_all, checks, what, values)))
-        return Lease(self, rules, usage), headers
+        return Lease(self, plan.giveback if plan is not None else _giveback(rules), usage), headers
 
-    async def _counted(
-        self, plan: _Plan | None, checks: list[Check], adds: list[Add], now: float
-    ) -> tuple[int, list[float]]:
-        """The admission's check-and-add in the counters: the first check that failed (-1: none) and the values."""
-        counters = self.counters
-        if isinstance(counters, MemoryCounters):  # on the limiter's clock, as its counts and settlements
-            return counters.admit_now(checks, adds, now)
-        if plan is not None and isinstance(counters, RedisCounters):
-            return await counters.admit_planned(plan)
-        return await counters.admit(checks, adds)
+    async def _spend_rules(self, key: ClientKey) -> Sequence[Rule]:
+        """The spend limits' rules over a principal with a user (``gateway.governance.spend_limits``)."""
+        seeding = self.seeding
+        if seeding is not None and not seeding.done():
+            await _wait(seeding)  # at start-up: once the limits, and the ledger's spend under them, are read
+        spend = self.spend
+        return spend(key) if spend is not None else ()
 
     @staticmethod
     def _budget_refused(refusal: BudgetExceeded, key: ClientKey | None, caps: list[overage.Cap], now: float) -> None:
@@ -802,7 +855,8 @@ class Limiter:
             if tokens and tokens_key:  # (a spend limit's rule counts no tokens)
                 adds.append((tokens_key, tokens, _MINUTE_TTL))
             if cost and usd_key is not None:
-                adds.append((usd_key, cost, max(1, math.ceil(ends - now)) + 86_400))
+                left = math.ceil(ends - now)
+                adds.append((usd_key, cost, (left if left > 1 else 1) + 86_400))
         return adds
 
     def settle(self, lease: Lease, tokens: int = 0, cost: float = 0.0) -> None:
@@ -812,16 +866,27 @@ class Limiter:
             return
         self._waiting.discard(lease)
         now = self._clock()
-        adds: list[Add] = [(f"{scope}|inflight", -1, _INFLIGHT_TTL) for scope, _ in lease._rules]
-        adds += self._usage_adds(lease._usage, tokens, cost, now)
+        adds = (
+            lease._giveback + self._usage_adds(lease._usage, tokens, cost, now) if tokens or cost else lease._giveback
+        )
         if isinstance(self.counters, MemoryCounters):
             self.counters.add_now(adds, now)
             return
         self._send(adds)
 
     def _send(self, adds: list[Add]) -> None:
-        """Off the request path: a future the store settles (no task), or a task for a coroutine."""
-        sent = self.counters.add(adds)
+        """Off the request path: to Redis with nothing awaiting it (its failure counted by ``_store_error``);
+        else a future the store settles (no task), or a task for a coroutine."""
+        counters = self.counters
+        if isinstance(counters, RedisCounters):
+            waiter = self._unawaited
+            if waiter is None:
+                from gateway.governance.redis_client import Unawaited
+
+                waiter = self._unawaited = Unawaited(self._store_error)
+            counters.add_unawaited(adds, waiter)
+            return
+        sent = counters.add(adds)
         if not asyncio.isfuture(sent):
             sent = asyncio.get_running_loop().create_task(_awaited(sent))
         self._sent.add(sent)
@@ -846,6 +911,8 @@ class Limiter:
             self._flush()
         if self._sent:
             await asyncio.gather(*self._sent, return_exceptions=True)
+        if isinstance(self.counters, RedisCounters):
+            await self.counters.drain()
         await self.counters.aclose()
 
 

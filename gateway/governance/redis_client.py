@@ -25,8 +25,9 @@ connection and with it every command under way on it; the next call connects aga
 SELECT) has ``timeout`` seconds of its own from when it began. After a connect fails (refused, timed out, its set-up
 refused or unanswered) the client waits a little before it tries again (50 ms, doubled at each failure in a row up to
 1 s, jittered), and calls meanwhile fail at once: a Redis that is down (or that takes connections but answers
-nothing) costs a caller no wait, and is not hammered with connects. A call is a future, so a caller that needs no
-answer (the limiter's settlements) adds a callback instead of a task.
+nothing) costs a caller no wait, and is not hammered with connects. A call is a future; a caller that needs no
+answer (the limiter's settlements) sends with one ``Unawaited`` of its own in the future's place instead: no future,
+callback or task a command, its failures handed to a function of the caller's (``drain`` waits for them all).
 
 Each new connection asks ``INFO cluster`` with its set-up (in the same write as AUTH / SELECT and the first calls:
 no round trip of its own) and is refused (``RedisClusterRefused``) when the server says ``cluster_enabled:1``: the
@@ -49,13 +50,23 @@ import hashlib
 import random
 import ssl
 from collections import deque
+from collections.abc import Callable
 from typing import Any, cast
 
 import hiredis  # small (~150 KB resident), and this module is imported only where limits.redis_url is set
 
 from gateway.settings import Endpoint, parse_url  # the URL is config: checked when the YAML is read
 
-__all__ = ["Endpoint", "RedisClient", "RedisClusterRefused", "RedisUnavailable", "ReplyError", "Script", "parse_url"]
+__all__ = [
+    "Endpoint",
+    "RedisClient",
+    "RedisClusterRefused",
+    "RedisUnavailable",
+    "ReplyError",
+    "Script",
+    "Unawaited",
+    "parse_url",
+]
 
 
 class RedisUnavailable(Exception):
@@ -82,11 +93,34 @@ class Script:
         self.sha = hashlib.sha1(self.text).hexdigest().encode()
 
 
+class Unawaited:
+    """In a future's place for the commands of a caller that awaits none of them (the limiter's settlements): a
+    reply is dropped, a failure (an error reply, no answer, the connection lost) handed to ``on_error``. One stands
+    for all such commands of its caller, so such a command costs no future, no callback and no loop turn when its
+    reply comes."""
+
+    __slots__ = ("on_error",)
+
+    def __init__(self, on_error: Callable[[BaseException], None]) -> None:
+        self.on_error = on_error
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, result: Any) -> None:
+        return None
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.on_error(exc)
+
+
+# A command's future, or an Unawaited in its place
+_Waiter = asyncio.Future[Any] | Unawaited
 # One command under way: the future its reply settles (None for the connection's own AUTH / INFO / SELECT, whose
 # error fails the connection, INFO's excepted), when it was asked (loop time), and the arguments of the command to
 # send instead when the server answers NOSCRIPT (EVAL with the script's text in place of EVALSHA: packed only then,
 # not for every call); for the set-up's INFO, _CLUSTER_CHECK.
-_Pending = tuple["asyncio.Future[Any] | None", float, tuple[Any, ...] | None]
+_Pending = tuple["_Waiter | None", float, tuple[Any, ...] | None]
 # A packed EVALSHA and the EVAL to send in its place after NOSCRIPT (RedisClient.prepare).
 Prepared = tuple[bytes, tuple[Any, ...]]
 
@@ -172,10 +206,26 @@ class RedisClient:
     def call(self, *args: Any) -> asyncio.Future[Any]:
         """Send one command; its future has the reply (``ReplyError`` for an error reply, ``RedisUnavailable``
         when there is no answer)."""
-        return self._send(_pack(args), None)
+        return cast(asyncio.Future[Any], self._send(_pack(args), None))
 
     def evalsha(self, script: Script, keys: list[Any], args: list[Any]) -> asyncio.Future[Any]:
-        return self._send(*self.prepare(script, keys, args))
+        return cast(asyncio.Future[Any], self._send(*self.prepare(script, keys, args)))
+
+    def evalsha_unawaited(self, script: Script, keys: list[Any], args: list[Any], waiter: Unawaited) -> None:
+        """``evalsha`` whose reply nobody awaits: its failure goes to ``waiter.on_error`` (at once when the client
+        cannot send it: closed, or waiting after a failed connect)."""
+        self._send(*self.prepare(script, keys, args), waiter)
+
+    async def drain(self) -> None:
+        """Wait until every command sent so far is answered or has failed (a ``PING`` behind them: a connection's
+        replies come in order; a second behind what a ``NOSCRIPT`` sent again, whole, meanwhile); at once when none
+        is under way."""
+        for _ in range(2):
+            conn = self._conn
+            if conn is None or not conn.pending:
+                return
+            with contextlib.suppress(RedisUnavailable, ReplyError):
+                await self.call(b"PING")
 
     @staticmethod
     def prepare(script: Script, keys: list[Any], args: list[Any]) -> Prepared:
@@ -185,15 +235,15 @@ class RedisClient:
         return _pack((b"EVALSHA", script.sha, *tail)), (b"EVAL", script.text, *tail)
 
     def send_prepared(self, prepared: Prepared) -> asyncio.Future[Any]:
-        return self._send(*prepared)
+        return cast(asyncio.Future[Any], self._send(*prepared))
 
-    def _send(self, packed: bytes, fallback: tuple[Any, ...] | None) -> asyncio.Future[Any]:
+    def _send(self, packed: bytes, fallback: tuple[Any, ...] | None, waiter: Unawaited | None = None) -> _Waiter:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # first use, or a new event loop (a test's): nothing of the old one is usable
             if self._loop is not None:
                 self._forget_loop()
             self._loop = loop
-        future: asyncio.Future[Any] = loop.create_future()
+        future: _Waiter = loop.create_future() if waiter is None else waiter
         conn = self._conn
         if conn is None:
             conn = self._open(loop, future)
@@ -221,7 +271,7 @@ class RedisClient:
 
     # -- the connection ----------------------------------------------------------------------------------------
 
-    def _open(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> _Connection | None:
+    def _open(self, loop: asyncio.AbstractEventLoop, future: _Waiter) -> _Connection | None:
         """A new attempt, made the client's connection at once (later calls queue on it); or ``None`` with
         ``future`` failed when the client is closed or waits after a failed connect."""
         if self._closed:

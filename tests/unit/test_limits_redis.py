@@ -5,6 +5,7 @@ Redis back → the limits hold again."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -117,13 +118,13 @@ def test_a_running_requests_tokens_reach_redis_within_the_delay_and_a_short_ones
     async def go() -> None:
         def watched(prefix: str) -> Limiter:
             counters = RedisCounters(redis_server.url, prefix=prefix)
-            original = counters.add
+            original = counters.add_unawaited
 
-            async def counted(adds: Any) -> None:
+            def counted(adds: Any, waiter: Any) -> None:
                 sends.append(len(adds))
-                await original(adds)
+                original(adds, waiter)
 
-            counters.add = counted  # type: ignore[method-assign]
+            counters.add_unawaited = counted  # type: ignore[method-assign]
             return Limiter(counters=counters)
 
         a, b = watched("t3:"), Limiter(counters=RedisCounters(redis_server.url, prefix="t3:"))
@@ -192,18 +193,23 @@ def test_a_redis_that_stops_answering_is_down_within_the_store_timeout(redis_ser
 
 
 def test_a_settlement_redis_cannot_take_is_counted_as_a_store_error_without_a_task(redis_server: Any) -> None:
-    """The settlement is sent at once on the client's connection (a future, no task per request); when Redis has
-    gone it fails and ``gateway_limit_store_errors_total`` counts it."""
+    """The settlement is sent at once on the client's connection with nothing awaiting it (no task, no future, no
+    callback per request); when Redis has gone it fails and ``gateway_limit_store_errors_total`` counts it, once."""
+    import redis as sync_redis
+
     settings, keys, (a, _), errors = limiter_pair(redis_server.url, "t5:")
+    direct = sync_redis.Redis.from_url(redis_server.url)
 
     async def go() -> None:
         lease, _ = await a.admit(settings, keys["ci"])
         assert lease is not None
+        assert float(direct.get("t5:key:ci|inflight") or 0) == 1
         tasks = len(asyncio.all_tasks())
         lease.settle(5, None)
-        assert len(asyncio.all_tasks()) == tasks and len(a._sent) == 1
-        await asyncio.gather(*a._sent)
-        assert not errors
+        assert len(asyncio.all_tasks()) == tasks and not a._sent
+        assert isinstance(a.counters, RedisCounters)
+        await a.counters.drain()  # answered: the slot is back
+        assert direct.get("t5:key:ci|inflight") is None and not errors
         lease, _ = await a.admit(settings, keys["ci"])
         assert lease is not None
         redis_server.stop()
@@ -418,5 +424,83 @@ def test_in_redis_a_keys_admission_is_packed_once_a_minute_and_counts_in_each_mi
         await raw.aclose()
         await limiter.aclose()
         await limiter.counters.aclose()
+
+    asyncio.run(go())
+
+
+def test_unawaited_commands_cost_no_future_and_hand_each_failure_to_their_caller(redis_server: Any) -> None:
+    """``evalsha_unawaited`` (the limiter's settlements): no future is made; a reply is dropped, an error reply
+    (and a script the server has not seen yet, sent again whole after ``NOSCRIPT``) handled as for an awaited call;
+    ``drain`` returns once everything sent is answered; a connection lost fails each command under way, once."""
+    import redis as sync_redis
+
+    from gateway.governance.redis_client import RedisClient, ReplyError, Script, Unawaited
+
+    direct = sync_redis.Redis.from_url(redis_server.url)
+    incr = Script("return redis.call('INCRBY', KEYS[1], ARGV[1]) -- t7 " + str(time.time()))  # unknown to the server
+    boom = Script("return redis.error_reply('boom')")
+    failures: list[BaseException] = []
+    waiter = Unawaited(failures.append)
+
+    async def go() -> None:
+        client = RedisClient(redis_server.url)
+        made = 0
+        loop = asyncio.get_running_loop()
+        original = loop.create_future
+
+        def counted() -> asyncio.Future[Any]:
+            nonlocal made
+            made += 1
+            return original()
+
+        loop.create_future = counted  # type: ignore[method-assign]
+        await client.call(b"PING")  # connected
+        made = 0
+        for _ in range(50):
+            client.evalsha_unawaited(incr, [b"t7:n"], [2], waiter)
+        client.evalsha_unawaited(boom, [], [], waiter)
+        assert made == 0
+        await client.drain()
+        assert int(direct.get("t7:n") or 0) == 100  # every one, the first sent again whole after NOSCRIPT
+        assert len(failures) == 1 and isinstance(failures[0], ReplyError) and "boom" in str(failures[0])
+        failures.clear()
+        redis_server.stop()
+        try:
+            for _ in range(3):
+                client.evalsha_unawaited(incr, [b"t7:n"], [1], waiter)
+            for _ in range(100):
+                if len(failures) >= 3:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.05)
+            assert len(failures) == 3  # each command once, whether lost with the connection or refused at once
+        finally:
+            redis_server.start()
+        await client.drain()
+        await client.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_key_issued_again_with_other_limits_is_admitted_under_its_own(redis_server: Any) -> None:
+    """Rules are made once per key object and config (``Limiter._key_rules``): a key issued again under the same
+    name and config (a new object with other limits) is never admitted under the old one's."""
+    from gateway.governance.keys import ClientKey
+    from gateway.settings import LimitSettings
+
+    settings = parse_settings(f'auth: {{open: true}}\nlimits: {{redis_url: "{redis_server.url}"}}')
+    limiter = Limiter(counters=RedisCounters(redis_server.url, prefix="t8:"))
+    old = ClientKey(name="k", key=b"k1", limits=LimitSettings(requests_per_minute=100))
+    new = ClientKey(name="k", key=b"k1", limits=LimitSettings(requests_per_minute=1), id="k")
+
+    async def go() -> None:
+        _, headers = await limiter.admit(settings, old)
+        assert headers["anthropic-ratelimit-requests-limit"] == "100"
+        with pytest.raises(RateLimited, match="its limit of 1 requests per minute"):  # one counted in its minute
+            await limiter.admit(settings, new)
+        _, headers = await limiter.admit(settings, old)  # the old object still has its own
+        assert headers["anthropic-ratelimit-requests-limit"] == "100"
+        assert headers["anthropic-ratelimit-requests-remaining"] == "98"
+        await limiter.aclose()
 
     asyncio.run(go())
