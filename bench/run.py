@@ -1288,6 +1288,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "fresh process, shows with nothing traced)",
     )
     parser.add_argument(
+        "--tracing-limits",
+        metavar="LIMITS",
+        help="with --tracing: the second gateway's limits (off, memory, redis or a redis:// URL) in place of the "
+        "run's --limits; with --tracing-control and --tracing-together, what the limits alone cost a request, "
+        "measured in pairs as tracing is",
+    )
+    parser.add_argument(
         "--tracing-together",
         action="store_true",
         help="with --tracing-pairs: each pair's two windows at the same time, both gateways loaded at once on the "
@@ -1428,6 +1435,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         redis_port = _free_port()
         limits = f"redis://{HOST}:{redis_port}/0"
         redis = _redis_proc("redis", redis_port, work, load_cpu)
+    second_limits = limits  # the second gateway's (--tracing-limits)
+    second_redis: Proc | None = None
+    if args.tracing_limits == "redis" and redis is not None:
+        second_limits = limits  # the run's own redis-server, shared
+    elif args.tracing_limits == "redis":
+        second_port = _free_port()
+        second_limits = f"redis://{HOST}:{second_port}/0"
+        second_redis = _redis_proc("redis-second", second_port, work, load_cpu)
+    elif args.tracing_limits is not None:
+        second_limits = args.tracing_limits
     config = work / "gateway.yaml"
     store = args.store
     if store == "sqlite":
@@ -1481,7 +1498,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         system.sink_port = sink_port
         traced_config = work / "gateway-traced.yaml"
         telemetry = "" if args.tracing_control else tracing_yaml(sink_port, args.tracing_options)
-        traced_config.write_text(gateway_config(tr_port, up_port, store, limits) + telemetry)
+        traced_config.write_text(gateway_config(tr_port, up_port, store, second_limits) + telemetry)
         traced = Proc(
             TRACED,
             gateway_argv(traced_config, tr_port, args.workers),
@@ -1493,6 +1510,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         tracing.update(
             {
                 "config": telemetry,
+                "limits": second_limits,
                 "sink_port": sink_port,
                 "port": tr_port,
                 "log": str(traced.log),
@@ -1569,6 +1587,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if redis is not None:
             await start_redis(redis, redis_port)
             print(f"[bench] redis-server :{redis_port} (pid {redis.pid}) on the load core")
+        if second_redis is not None:
+            await start_redis(second_redis, second_port)
+            print(f"[bench] the second gateway's redis-server :{second_port} (pid {second_redis.pid}) on the load core")
         upstream.start()
         await wait_ready(upstream, up_port, "/healthz", 30.0)
         await start_gateway()
