@@ -46,10 +46,16 @@ BODIES = {
 }
 
 
-def _config(upstream_port: int, sink_port: int | None, options: str = "", limits: str = "off") -> str:
+def _config(
+    upstream_port: int, sink_port: int | None, options: str = "", limits: str = "off", store: str = "off"
+) -> str:
     from bench.run import gateway_config, tracing_yaml
 
-    yaml = gateway_config(0, upstream_port, limits=limits)
+    if store == "sqlite":  # a file of the child's own, gone with it
+        import tempfile
+
+        store = f"sqlite:///{tempfile.mkdtemp(prefix='request-loop-')}/ledger.db"
+    yaml = gateway_config(0, upstream_port, store=store, limits=limits)
     return yaml + (tracing_yaml(sink_port, options) if sink_port is not None else "")
 
 
@@ -176,7 +182,7 @@ def _child(args: argparse.Namespace) -> None:
     os.sched_setaffinity(0, {0})
     import uvloop
 
-    config = _config(args.upstream_port, args.sink_port, args.options, args.limits)
+    config = _config(args.upstream_port, args.sink_port, args.options, args.limits, args.store)
     measured = uvloop.run(_measure(config, args.stream, args.n, args.c, args.windows, args.counted))
     print(json.dumps(measured), flush=True)
 
@@ -222,7 +228,13 @@ def _instructions(path: Path) -> int:
 
 
 def _run_child(
-    args: argparse.Namespace, upstream: int, sink: int | None, stream: bool, out: Path | None, limits: str = "off"
+    args: argparse.Namespace,
+    upstream: int,
+    sink: int | None,
+    stream: bool,
+    out: Path | None,
+    limits: str = "off",
+    store: str = "off",
 ) -> float:
     """One child's figure: µs of CPU per request, or (``out``: under callgrind, the dump written there)
     instructions per request."""
@@ -230,6 +242,8 @@ def _run_child(
     argv += ["-c", str(args.c), *["--stream"] * stream]
     if limits != "off":
         argv += ["--limits", limits]
+    if store != "off":
+        argv += ["--store", store]
     if sink is not None:
         argv += ["--sink-port", str(sink), "--options", args.options]
     if out is None:
@@ -258,6 +272,12 @@ def main() -> None:
         "on core 1) in place of tracing: what the limiter costs a request",
     )
     parser.add_argument(
+        "--store",
+        default="off",
+        help="the 'on' child has the usage ledger (sqlite: a file of its own, or a store.url) in place of tracing "
+        "(with --limits, both)",
+    )
+    parser.add_argument(
         "--instructions",
         metavar="DIR",
         type=Path,
@@ -284,10 +304,12 @@ def main() -> None:
             for r in range(1 if counting else args.rounds):
                 pair: dict[str, float] = {}
                 for which in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                    limited = args.limits if which == "on" and not args.control else "off"
-                    traced = sink if which == "on" and not args.control and limited == "off" else None
+                    on = which == "on" and not args.control
+                    limited = args.limits if on else "off"
+                    ledger = args.store if on else "off"
+                    traced = sink if on and limited == "off" and ledger == "off" else None
                     out = args.instructions / f"{scenario}-{which}" if counting else None
-                    pair[which] = _run_child(args, upstream, traced, stream, out, limited)
+                    pair[which] = _run_child(args, upstream, traced, stream, out, limited, ledger)
                 diffs.append(pair["on"] - pair["off"])
                 print(
                     f"{scenario} round {r + 1}: off {pair['off']:.1f} on {pair['on']:.1f} {unit} "

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import operator
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -66,6 +67,7 @@ class Ledger:
         self._clock = clock
         self._sleep = sleep
         self._queue: deque[LedgerRow] = deque()
+        self._sizes: deque[int] = deque()  # each queued row's ``row_bytes``, in the same order (reckoned once)
         self._wake: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None
         self._dropped_unlogged = 0
@@ -91,6 +93,7 @@ class Ledger:
             return
         self._bytes += size
         self._queue.append(row)
+        self._sizes.append(size)
         self._counters.ledger_queue(len(self._queue))
         if len(self._queue) >= self._batch and self._wake is not None:
             self._wake.set()
@@ -124,8 +127,10 @@ class Ledger:
                         "usage ledger: writing %d rows failed (%s); %d rows queued", len(batch), exc, self.depth
                     )
                     return False
+                queue, sizes = self._queue, self._sizes
                 for _ in batch:
-                    self._bytes -= row_bytes(self._queue.popleft())
+                    queue.popleft()
+                    self._bytes -= sizes.popleft()
                 self.failures = 0
                 self._counters.ledger_rows("written", len(batch))
                 self._counters.ledger_queue(len(self._queue))
@@ -198,6 +203,7 @@ class Ledger:
             self._counters.ledger_rows("dropped", len(self._queue))
             self._dropped_unlogged += len(self._queue)
             self._queue.clear()
+            self._sizes.clear()
             self._bytes = 0
             self._log_dropped()
         if self._opened:
@@ -208,11 +214,12 @@ _ROW_OVERHEAD = 600
 """What a queued ``LedgerRow`` holds besides its strings' characters (the Struct, its ints and floats, one str
 object per field, the deque's slot): 575 bytes measured with ``tracemalloc`` (CPython 3.11, 5000 rows)."""
 _STR_FIELDS = tuple(f.name for f in msgspec.structs.fields(LedgerRow) if f.type is str)
+_strings = operator.attrgetter(*_STR_FIELDS)  # a row's strings, as one tuple, in C (a request's row passes here)
 
 
 def row_bytes(row: LedgerRow) -> int:
     """The memory a queued row holds, near enough to bound the queue by (ASCII strings: a byte a character)."""
-    return _ROW_OVERHEAD + sum(len(getattr(row, name)) for name in _STR_FIELDS)
+    return _ROW_OVERHEAD + sum(map(len, _strings(row)))
 
 
 def _safe(url: str) -> str:
