@@ -244,7 +244,12 @@ class Metrics:
         self.ledger_rows_total.labels(result).inc(n)
 
     def ledger_queue(self, depth: int) -> None:
-        self.ledger_queue_rows.set(depth)
+        """The ledger's queue depth (set at every row queued): its ``PlainValue`` directly, as ``bump`` does."""
+        value = self.ledger_queue_rows._value
+        if type(value) is PlainValue:
+            value._value = float(depth)
+        else:
+            self.ledger_queue_rows.set(depth)
 
     def set_pricing(self, pricing: dict[str, Price], *, builtin: bool = True) -> None:
         """The config's ``pricing`` and ``builtin_pricing`` (gateway.governance.pricing): at start-up and on reload."""
