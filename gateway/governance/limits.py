@@ -546,6 +546,7 @@ def _giveback(rules: Sequence[Rule]) -> list[Add]:
     return [(f"{scope}|inflight", -1, _INFLIGHT_TTL) for scope, _ in rules]
 
 
+_NO_KEY_RULES = ("", "")  # Limiter._key_rules's entry for requests without a key (auth.open)
 _RPM = "requests_per_minute"
 _Planned = tuple[list[Check], list[tuple[str, str, float]], list[Add], list[Usage]]
 _MAX_PLANS = 1024  # plans kept (then all forgotten at once: they are made again as needed)
@@ -583,8 +584,8 @@ class Limiter:
         self.refusals: collections.Counter[tuple[str, str]] = collections.Counter()
         self.started_at = clock()
         self._plans: dict[int, _Plan] = {}  # by the id of its rules (_key_rules's): this minute's plan
-        # by the id of a key (or None): (the key, the config, its rules under it, whether one has a budget)
-        self._rules_of: dict[int, tuple[ClientKey | None, Settings, Sequence[Rule], bool]] = {}
+        # by a key's (id, team): (the config, the key's own limits, its rules under them, whether one has a budget)
+        self._rules_of: dict[tuple[str, str], tuple[Settings, LimitSettings | None, Sequence[Rule], bool]] = {}
 
     @staticmethod
     def rules(settings: Settings, key: ClientKey | None) -> list[Rule]:
@@ -600,16 +601,22 @@ class Limiter:
         return out
 
     def _key_rules(self, settings: Settings, key: ClientKey | None) -> tuple[Sequence[Rule], bool]:
-        """``rules`` of ``key`` under ``settings``, and whether one has a budget: made once per key and config (both
-        immutable: a reload, or a key issued again, is a new object, and gets rules of its own)."""
-        held = self._rules_of.get(id(key))
-        if held is not None and held[0] is key and held[1] is settings:
+        """``rules`` of ``key`` under ``settings``, and whether one has a budget: made once per config and per what
+        they are made of (the key's id, team and own limits; a JWT's or a sign-in's principal is a new object each
+        request, the same rules). The config and the limits are immutable, so a reload, or a key issued again with
+        other limits, is a new object and gets rules of its own."""
+        if key is None:
+            ident, limits = _NO_KEY_RULES, None
+        else:
+            ident, limits = (key.id, key.team), key.limits
+        held = self._rules_of.get(ident)
+        if held is not None and held[0] is settings and held[1] is limits:
             return held[2], held[3]
         rules = tuple(self.rules(settings, key))
         budget = any(limits.budget is not None for _, limits in rules)
         if len(self._rules_of) >= _MAX_PLANS:
             self._rules_of.clear()
-        self._rules_of[id(key)] = (key, settings, rules, budget)  # (holds the key: its id is no one else's)
+        self._rules_of[ident] = (settings, limits, rules, budget)
         return rules, budget
 
     def all_rules(self, settings: Settings, key: ClientKey | None) -> Sequence[Rule]:

@@ -500,3 +500,31 @@ def test_the_headers_name_the_most_restrictive_rule_of_each_kind(budget: bool) -
     with pytest.raises(RateLimited) as info:  # none left: the refusal's headers say 0, never below
         admit(limiter, settings, keys["a"])
     assert info.value.headers["anthropic-ratelimit-requests-remaining"] == "0"
+
+
+def test_a_principal_made_anew_each_request_shares_its_rules_and_its_minutes_plan() -> None:
+    """A JWT's or a sign-in's principal is a new ``ClientKey`` at every request: its rules and its minute's plan are
+    made once for all of them (by the key's id and team, the config and the key's own limits), and counted
+    together; another principal, or the same one under a new config, has its own."""
+    from gateway.governance.keys import ClientKey
+
+    yaml = "auth: {open: true}\nlimits: {requests_per_minute: %d}\nteams: {t: {limits: {max_inflight: 9}}}\n"
+    settings, _, limiter, _ = setup(yaml % 5)
+
+    def bob() -> ClientKey:
+        return ClientKey(name="jwt:bob", team="t", user="bob", digest=b"-")
+
+    for left in ("4", "3", "2"):
+        _, headers = admit(limiter, settings, bob())
+        assert headers["anthropic-ratelimit-requests-remaining"] == left
+    assert len(limiter._plans) == 1 and len(limiter._rules_of) == 1
+    (plan,) = limiter._plans.values()
+    assert [scope for scope, _ in plan.rules] == ["key:jwt:bob", "team:t"]
+    _, headers = admit(limiter, settings, ClientKey(name="jwt:ann", team="t", user="ann", digest=b"-"))
+    assert headers["anthropic-ratelimit-requests-remaining"] == "4" and len(limiter._plans) == 2
+    reloaded = parse_settings(yaml % 4)  # a reload: bob's minute so far (3) counts against the new limit
+    _, headers = admit(limiter, reloaded, bob())
+    assert headers["anthropic-ratelimit-requests-limit"] == "4"
+    assert headers["anthropic-ratelimit-requests-remaining"] == "0"
+    with pytest.raises(RateLimited):
+        admit(limiter, reloaded, bob())
