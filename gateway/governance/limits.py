@@ -492,7 +492,7 @@ class _Plan:
     __slots__ = ("adds", "checks", "giveback", "headers", "minute", "prepared", "rules", "usage", "what")
 
     def __init__(self, rules: Sequence[Rule], minute: int, planned: _Planned) -> None:
-        self.rules = rules  # (Limiter._key_rules's: one object per key and config)
+        self.rules = rules  # (Limiter._key_rules's: one object per config and key id, team and own limits)
         self.minute = minute
         self.checks, self.what, self.adds, self.usage = planned
         self.prepared: Any = None  # its admission packed for Redis (RedisCounters.admit_planned), once asked
