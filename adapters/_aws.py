@@ -21,7 +21,7 @@ import hmac
 import os
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple, cast
 from urllib.parse import quote, urlsplit
 
 from gateway.settings import AwsAuthSettings
@@ -30,17 +30,19 @@ from gateway.wire.request import ProxyRequest
 
 from ._http import Auth, HeaderAuth
 
-if TYPE_CHECKING:  # botocore (~20 MB) is imported where an AWS credential or region is first needed
-    from botocore.credentials import Credentials, ReadOnlyCredentials
+if TYPE_CHECKING:  # botocore (~13 MB resident) is imported only where its provider chain or a region is needed
+    from botocore.credentials import Credentials, ReadOnlyCredentials, RefreshableCredentials
 
 __all__ = [
     "AwsCredentialsUnavailable",
     "CredentialSource",
     "SigV4Auth",
     "SigV4Signer",
+    "StaticCredentials",
     "aws_auth",
     "aws_region",
     "bedrock_api_key",
+    "normalize_url_path",
     "sigv4_headers",
 ]
 
@@ -65,6 +67,19 @@ _UNSIGNED = frozenset(
 _MANDATORY_REFRESH_S = 60  # with less than this left, a request waits for fresh credentials
 
 
+class StaticCredentials(NamedTuple):
+    """Keys from the config, frozen as botocore's ``ReadOnlyCredentials`` is (the same fields), without
+    importing botocore: a gateway whose AWS providers all have their keys in the config never loads it."""
+
+    access_key: str
+    secret_key: str
+    token: str | None
+
+
+class _NeverRefreshable:
+    """Stands in for botocore's ``RefreshableCredentials`` where there is nothing to refresh."""
+
+
 class AwsCredentialsUnavailable(GatewayError):
     """The provider has no usable AWS credentials (a deployment problem, not the client's)."""
 
@@ -87,21 +102,25 @@ class CredentialSource:
         credentials: Credentials | None = None,
     ) -> None:
         """``credentials``: an already-built botocore credentials object (tests, embedding)."""
-        from botocore.credentials import Credentials, RefreshableCredentials
-
-        self._refreshable_type = RefreshableCredentials
+        # what may need a refresh: nothing, until botocore's own class is imported below
+        self._refreshable_type = cast("type[RefreshableCredentials]", _NeverRefreshable)
         self._provider = provider
         self._profile = profile
         self._credentials = credentials
-        self._frozen: ReadOnlyCredentials | None = None
+        self._frozen: ReadOnlyCredentials | StaticCredentials | None = None
         if access_key_id and secret_access_key:
-            self._credentials = Credentials(access_key_id, secret_access_key, session_token)
+            self._credentials = None
+            self._frozen = StaticCredentials(access_key_id, secret_access_key, session_token)
+            return
+        from botocore.credentials import RefreshableCredentials
+
+        self._refreshable_type = RefreshableCredentials
         if self._credentials is not None and not isinstance(self._credentials, RefreshableCredentials):
             self._frozen = self._credentials.get_frozen_credentials()
         self._lock: asyncio.Lock | None = None
         self._background: asyncio.Task[None] | None = None
 
-    async def get(self) -> ReadOnlyCredentials:
+    async def get(self) -> ReadOnlyCredentials | StaticCredentials:
         frozen = self._frozen
         credentials = self._credentials
         refreshable = self._refreshable_type
@@ -117,7 +136,7 @@ class CredentialSource:
             return frozen
         return await self._refresh()
 
-    async def _refresh(self, within: int | None = _MANDATORY_REFRESH_S) -> ReadOnlyCredentials:
+    async def _refresh(self, within: int | None = _MANDATORY_REFRESH_S) -> ReadOnlyCredentials | StaticCredentials:
         """Fetch fresh credentials in a worker thread, unless another request did so while this one waited
         for the lock (``within``: the seconds-left threshold that asked for it; None = botocore's advisory)."""
         if self._lock is None:
@@ -188,8 +207,6 @@ class SigV4Signer:
             host = split.hostname or ""
             if split.port is not None and split.port != {"http": 80, "https": 443}.get(split.scheme):
                 host = f"{host}:{split.port}"
-            from botocore.utils import normalize_url_path
-
             path = quote(normalize_url_path(split.path), safe="/~")  # encoded again: %2F -> %252F
             pairs = sorted(item.partition("=")[::2] for item in split.query.split("&") if item)
             query = "&".join(f"{key}={value}" for key, value in pairs)  # as botocore: sent already encoded
@@ -205,7 +222,7 @@ class SigV4Signer:
         url: str,
         headers: Mapping[str, str],
         body: bytes,
-        credentials: ReadOnlyCredentials,
+        credentials: ReadOnlyCredentials | StaticCredentials,
         *,
         now: float | None = None,
     ) -> dict[str, str]:
@@ -240,6 +257,24 @@ class SigV4Signer:
             f"SignedHeaders={';'.join(names)}, Signature={signature}"
         )
         return out
+
+
+def normalize_url_path(path: str) -> str:
+    """``botocore.utils.normalize_url_path``: RFC 3986's remove-dot-segments, with empty segments (``//``)
+    dropped as AWS requires; "/" for an empty path. Here so signing never imports botocore (tested against it)."""
+    if not path:
+        return "/"
+    kept: list[str] = []
+    for segment in path.split("/"):
+        if segment and segment != ".":
+            if segment == "..":
+                if kept:
+                    kept.pop()
+            else:
+                kept.append(segment)
+    first = "/" if path[0] == "/" else ""
+    last = "/" if path[-1] == "/" and kept else ""
+    return first + "/".join(kept) + last
 
 
 def _hmac(key: bytes, message: str) -> bytes:

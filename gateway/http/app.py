@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from litestar import Litestar
+from litestar.plugins import PluginProtocol
+from litestar.plugins.core import MsgspecDIPlugin
 
 import surfaces
 from gateway.core import Gateway
@@ -44,6 +46,18 @@ log = logging.getLogger("gateway")
 _MESSAGES_ROUTES = {"/v1/messages": False, "/v1/messages/count_tokens": True}  # path -> count
 _PROBES = frozenset({"/", "/api/hello"})  # Claude Code's start-up probes (HEAD): 200, no body
 _SURFACE_PREFIXES = (surfaces.BEDROCK_PREFIX, surfaces.VERTEX_PREFIX)
+
+
+class _Litestar(Litestar):
+    """Litestar without the plugins it adds whenever a library is importable: its Pydantic and attrs plugins
+    (DI, init, OpenAPI schemas) serve handlers that take or return those models, and none here does (msgspec
+    throughout; no OpenAPI). Where pydantic is installed beside the gateway (the ``anthropic`` SDK brings it)
+    they cost ~7 MB resident a worker and an import of pydantic and pydantic.v1."""
+
+    @staticmethod
+    def _get_default_plugins(plugins: list[PluginProtocol]) -> list[PluginProtocol]:
+        plugins.append(MsgspecDIPlugin())
+        return plugins
 
 
 class GatewayApp:
@@ -211,7 +225,7 @@ def create_app(
                 multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
     return GatewayApp(
-        Litestar(
+        _Litestar(
             route_handlers=[
                 *HANDLERS,
                 *STATUS_HANDLERS,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -15,8 +17,15 @@ from botocore.credentials import Credentials, ReadOnlyCredentials, RefreshableCr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters._aws import AwsCredentialsUnavailable, CredentialSource, SigV4Signer
+from adapters._aws import (
+    AwsCredentialsUnavailable,
+    CredentialSource,
+    SigV4Signer,
+    StaticCredentials,
+    normalize_url_path,
+)
 
+ROOT = Path(__file__).resolve().parents[2]
 CREDS = Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", "session-token-x")
 
 
@@ -80,6 +89,37 @@ def test_signature_property(model: str, body: bytes, service: str, region: str) 
     signer = SigV4Signer(service, region)
     out = signer.sign("POST", url, {"content-type": "application/json"}, body, CREDS.get_frozen_credentials())
     assert signature_of(out) == botocore_signature(service, region, url, out, body, CREDS)
+
+
+@settings(max_examples=400, deadline=None)
+@given(path=st.text(alphabet="/.ab%~", max_size=24))
+def test_path_normalized_as_botocore_does(path: str) -> None:
+    from botocore.utils import normalize_url_path as botocore_normalize
+
+    assert normalize_url_path(path) == botocore_normalize(path)
+
+
+def test_static_keys_sign_as_botocore_and_never_import_it() -> None:
+    """Keys from the config are frozen without botocore (~13 MB a worker): signed the same, and a process that
+    only signs with them never imports it."""
+    frozen = asyncio.run(
+        CredentialSource(
+            provider="p", access_key_id=CREDS.access_key, secret_access_key=CREDS.secret_key, session_token=CREDS.token
+        ).get()
+    )
+    assert isinstance(frozen, StaticCredentials) and tuple(frozen) == tuple(CREDS.get_frozen_credentials())[:3]
+    url = URLS[2]
+    out = SigV4Signer("bedrock", "us-east-1").sign("POST", url, {"a": "b"}, b"{}", frozen)
+    assert signature_of(out) == botocore_signature("bedrock", "us-east-1", url, out, b"{}", CREDS)
+    code = (
+        "import asyncio, sys\n"
+        "from adapters._aws import CredentialSource, SigV4Signer, sigv4_headers\n"
+        "source = CredentialSource(provider='p', access_key_id='AK', secret_access_key='SK')\n"
+        f"asyncio.run(sigv4_headers(SigV4Signer('bedrock', 'us-east-1'), source, 'POST', {url!r}, {{}}, b'x'))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'botocore'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert result.stdout.strip() == "[]"
 
 
 def test_signing_key_cached_per_day() -> None:
