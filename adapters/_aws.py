@@ -108,6 +108,8 @@ class CredentialSource:
         self._profile = profile
         self._credentials = credentials
         self._frozen: ReadOnlyCredentials | StaticCredentials | None = None
+        self._lock: asyncio.Lock | None = None
+        self._background: asyncio.Task[None] | None = None
         if access_key_id and secret_access_key:
             self._credentials = None
             self._frozen = StaticCredentials(access_key_id, secret_access_key, session_token)
@@ -117,8 +119,6 @@ class CredentialSource:
         self._refreshable_type = RefreshableCredentials
         if self._credentials is not None and not isinstance(self._credentials, RefreshableCredentials):
             self._frozen = self._credentials.get_frozen_credentials()
-        self._lock: asyncio.Lock | None = None
-        self._background: asyncio.Task[None] | None = None
 
     async def get(self) -> ReadOnlyCredentials | StaticCredentials:
         frozen = self._frozen
@@ -139,6 +139,8 @@ class CredentialSource:
     async def _refresh(self, within: int | None = _MANDATORY_REFRESH_S) -> ReadOnlyCredentials | StaticCredentials:
         """Fetch fresh credentials in a worker thread, unless another request did so while this one waited
         for the lock (``within``: the seconds-left threshold that asked for it; None = botocore's advisory)."""
+        if isinstance(self._frozen, StaticCredentials):  # keys from the config: nothing to fetch
+            return self._frozen
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:

@@ -108,6 +108,8 @@ def test_static_keys_sign_as_botocore_and_never_import_it() -> None:
         ).get()
     )
     assert isinstance(frozen, StaticCredentials) and tuple(frozen) == tuple(CREDS.get_frozen_credentials())[:3]
+    source = CredentialSource(provider="p", access_key_id="AK", secret_access_key="SK")
+    assert asyncio.run(source._refresh()) == StaticCredentials("AK", "SK", None)  # never botocore's chain
     url = URLS[2]
     out = SigV4Signer("bedrock", "us-east-1").sign("POST", url, {"a": "b"}, b"{}", frozen)
     assert signature_of(out) == botocore_signature("bedrock", "us-east-1", url, out, b"{}", CREDS)
