@@ -21,7 +21,7 @@ import hmac
 import os
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import quote, urlsplit
 
 from gateway.settings import AwsAuthSettings
@@ -76,10 +76,6 @@ class StaticCredentials(NamedTuple):
     token: str | None
 
 
-class _NeverRefreshable:
-    """Stands in for botocore's ``RefreshableCredentials`` where there is nothing to refresh."""
-
-
 class AwsCredentialsUnavailable(GatewayError):
     """The provider has no usable AWS credentials (a deployment problem, not the client's)."""
 
@@ -102,36 +98,36 @@ class CredentialSource:
         credentials: Credentials | None = None,
     ) -> None:
         """``credentials``: an already-built botocore credentials object (tests, embedding)."""
-        # what may need a refresh: nothing, until botocore's own class is imported below
-        self._refreshable_type = cast("type[RefreshableCredentials]", _NeverRefreshable)
         self._provider = provider
         self._profile = profile
-        self._credentials = credentials
-        self._frozen: ReadOnlyCredentials | StaticCredentials | None = None
+        self._frozen: ReadOnlyCredentials | StaticCredentials | None = None  # what requests sign with
+        # botocore's credentials that expire and refresh (a role, SSO, a web identity); None: the frozen ones never
+        # change (keys from the config or the environment), or none are loaded yet (the chain's, at first use)
+        self._refreshable: RefreshableCredentials | None = None
         self._lock: asyncio.Lock | None = None
         self._background: asyncio.Task[None] | None = None
         if access_key_id and secret_access_key:
-            self._credentials = None
-            self._frozen = StaticCredentials(access_key_id, secret_access_key, session_token)
-            return
+            self._frozen = StaticCredentials(access_key_id, secret_access_key, session_token)  # botocore not loaded
+        elif credentials is not None:
+            self._keep(credentials)
+
+    def _keep(self, credentials: Credentials) -> None:
+        """Frozen at once if they never change; a refreshable source is frozen by ``_resolve``, in a worker thread
+        (freezing it may refresh it: STS, instance metadata)."""
         from botocore.credentials import RefreshableCredentials
 
-        self._refreshable_type = RefreshableCredentials
-        if self._credentials is not None and not isinstance(self._credentials, RefreshableCredentials):
-            self._frozen = self._credentials.get_frozen_credentials()
+        if isinstance(credentials, RefreshableCredentials):
+            self._refreshable = credentials
+        else:
+            self._frozen = credentials.get_frozen_credentials()
 
     async def get(self) -> ReadOnlyCredentials | StaticCredentials:
         frozen = self._frozen
-        credentials = self._credentials
-        refreshable = self._refreshable_type
-        if frozen is not None and not isinstance(credentials, refreshable):
-            return frozen  # static keys: nothing ever changes
-        if (
-            frozen is not None
-            and isinstance(credentials, refreshable)
-            and not credentials.refresh_needed(_MANDATORY_REFRESH_S)
-        ):
-            if credentials.refresh_needed() and self._background is None:  # advisory: refresh, don't wait
+        refreshable = self._refreshable
+        if frozen is not None and refreshable is None:
+            return frozen  # nothing ever changes
+        if frozen is not None and refreshable is not None and not refreshable.refresh_needed(_MANDATORY_REFRESH_S):
+            if refreshable.refresh_needed() and self._background is None:  # advisory: refresh, don't wait
                 self._background = asyncio.get_running_loop().create_task(self._refresh_in_background())
             return frozen
         return await self._refresh()
@@ -139,20 +135,16 @@ class CredentialSource:
     async def _refresh(self, within: int | None = _MANDATORY_REFRESH_S) -> ReadOnlyCredentials | StaticCredentials:
         """Fetch fresh credentials in a worker thread, unless another request did so while this one waited
         for the lock (``within``: the seconds-left threshold that asked for it; None = botocore's advisory)."""
-        if isinstance(self._frozen, StaticCredentials):  # keys from the config: nothing to fetch
+        if self._frozen is not None and self._refreshable is None:  # frozen for good: nothing to fetch
             return self._frozen
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            credentials = self._credentials
-            if (
-                self._frozen is not None
-                and isinstance(credentials, self._refreshable_type)
-                and not credentials.refresh_needed(within)
-            ):
+            refreshable = self._refreshable
+            if self._frozen is not None and refreshable is not None and not refreshable.refresh_needed(within):
                 return self._frozen
-            self._frozen = await asyncio.to_thread(self._resolve)
-            return self._frozen
+            self._frozen = frozen = await asyncio.to_thread(self._resolve)
+            return frozen
 
     async def _refresh_in_background(self) -> None:
         try:
@@ -162,20 +154,25 @@ class CredentialSource:
         finally:
             self._background = None
 
-    def _resolve(self) -> ReadOnlyCredentials:
-        """Runs in a worker thread: the provider chain may call instance metadata or STS."""
+    def _resolve(self) -> ReadOnlyCredentials | StaticCredentials:
+        """Runs in a worker thread: the provider chain may call instance metadata or STS (a refreshable source's
+        own refresh too, inside ``get_frozen_credentials``)."""
         from botocore.exceptions import BotoCoreError
         from botocore.session import Session
 
         try:
-            if self._credentials is None:
-                self._credentials = Session(profile=self._profile).get_credentials()
-            if self._credentials is None:
-                raise AwsCredentialsUnavailable(
-                    f"provider {self._provider!r}: no AWS credentials found (set keys in the config, a profile, "
-                    "the AWS_* environment, or run with a role)"
-                )
-            return self._credentials.get_frozen_credentials()
+            if self._refreshable is None:  # the first use: the provider chain's
+                credentials = Session(profile=self._profile).get_credentials()
+                if credentials is None:
+                    raise AwsCredentialsUnavailable(
+                        f"provider {self._provider!r}: no AWS credentials found (set keys in the config, a profile, "
+                        "the AWS_* environment, or run with a role)"
+                    )
+                self._keep(credentials)
+            if self._refreshable is not None:
+                return self._refreshable.get_frozen_credentials()
+            assert self._frozen is not None
+            return self._frozen
         except BotoCoreError as exc:
             raise AwsCredentialsUnavailable(
                 f"provider {self._provider!r}: AWS credentials could not be loaded: {type(exc).__name__}"
