@@ -88,9 +88,12 @@ def version_2_ledger(path: Path, rows: list[tuple[Any, ...]]) -> None:
 
 @pytest.fixture(scope="module")
 def big_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """300k rows over the last 30 days (generated once; each test copies it)."""
+    """300k rows over the 30 whole days before today, UTC (generated once; each test copies it). Whole days: a
+    report's first day bucket (``window``'s start, a midnight) holds a whole day's rows at any time of day; rows
+    up to now made it hold only the minutes before midnight when run just before one (19 of 31 keys at 23:5x)."""
     path = tmp_path_factory.mktemp("ledger") / "ledger.db"
-    version_2_ledger(path, _rows(ROWS, int(time.time() * 1000)))
+    today_ms = int(time.time() * 1000) // DAY_MS * DAY_MS
+    version_2_ledger(path, _rows(ROWS, today_ms))
     return path
 
 
