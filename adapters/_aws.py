@@ -123,26 +123,27 @@ class CredentialSource:
 
     async def get(self) -> ReadOnlyCredentials | StaticCredentials:
         frozen = self._frozen
-        refreshable = self._refreshable
-        if frozen is not None and refreshable is None:
-            return frozen  # nothing ever changes
-        if frozen is not None and refreshable is not None and not refreshable.refresh_needed(_MANDATORY_REFRESH_S):
-            if refreshable.refresh_needed() and self._background is None:  # advisory: refresh, don't wait
-                self._background = asyncio.get_running_loop().create_task(self._refresh_in_background())
-            return frozen
+        if frozen is not None:
+            refreshable = self._refreshable
+            if refreshable is None:
+                return frozen  # nothing ever changes
+            if not refreshable.refresh_needed(_MANDATORY_REFRESH_S):
+                if refreshable.refresh_needed() and self._background is None:  # advisory: refresh, don't wait
+                    self._background = asyncio.get_running_loop().create_task(self._refresh_in_background())
+                return frozen
         return await self._refresh()
 
     async def _refresh(self, within: int | None = _MANDATORY_REFRESH_S) -> ReadOnlyCredentials | StaticCredentials:
         """Fetch fresh credentials in a worker thread, unless another request did so while this one waited
-        for the lock (``within``: the seconds-left threshold that asked for it; None = botocore's advisory)."""
-        if self._frozen is not None and self._refreshable is None:  # frozen for good: nothing to fetch
-            return self._frozen
+        for the lock (``within``: the seconds-left threshold that asked for it; None = botocore's advisory). What
+        another request froze meanwhile is used as it is when it never changes (keys the chain found in the
+        environment): the chain is loaded once."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            refreshable = self._refreshable
-            if self._frozen is not None and refreshable is not None and not refreshable.refresh_needed(within):
-                return self._frozen
+            frozen, refreshable = self._frozen, self._refreshable
+            if frozen is not None and (refreshable is None or not refreshable.refresh_needed(within)):
+                return frozen
             self._frozen = frozen = await asyncio.to_thread(self._resolve)
             return frozen
 

@@ -239,6 +239,35 @@ def test_credentials_from_the_environment(tmp_path: Path, monkeypatch: pytest.Mo
     assert asyncio.run(CredentialSource(provider="p").get()).access_key == "AKENV"
 
 
+def test_the_chain_is_loaded_once_for_many_concurrent_first_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys from the environment come through botocore's chain as credentials that never change: the requests that
+    waited for the first load use what it froze, without loading the chain again each in turn."""
+    from botocore.session import Session
+
+    _isolate(monkeypatch, tmp_path)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKENV")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "senv")
+    loads: list[str] = []
+    real = Session.get_credentials
+
+    def counted(self: Session) -> object:
+        loads.append(threading.current_thread().name)
+        return real(self)
+
+    monkeypatch.setattr(Session, "get_credentials", counted)
+
+    async def main() -> set[str]:
+        source = CredentialSource(provider="p")
+        got = await asyncio.gather(*(source.get() for _ in range(20)))
+        got.append(await source.get())
+        return {c.access_key for c in got}
+
+    assert asyncio.run(main()) == {"AKENV"}
+    assert len(loads) == 1 and loads[0] != "MainThread"
+
+
 def test_no_credentials_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _isolate(monkeypatch, tmp_path)
     with pytest.raises(AwsCredentialsUnavailable, match="no AWS credentials found") as info:
